@@ -1,0 +1,32 @@
+# Every target runs inside .venv, made by `make install` (torch pinned: the CPU build on this machine's disk;
+# an unpinned torch would pull a multi-GB CUDA build).
+PY := .venv/bin/python
+TORCH := torch==2.13.0
+
+.PHONY: install demo test quality style repo-consistency fix-copies
+
+install:
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[testing]"
+
+demo:
+	$(PY) -m transformers_static bench
+
+test:
+	$(PY) -m pytest -q
+
+quality: repo-consistency
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+style:
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+repo-consistency:
+	$(PY) utils/check_masks.py
+
+fix-copies:
+	$(PY) utils/check_masks.py --fix

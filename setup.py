@@ -1,0 +1,16 @@
+from setuptools import find_packages, setup
+
+extras = {
+    "testing": ["pytest>=8", "parameterized>=0.9", "ruff>=0.6", "transformers==5.23.0"],
+}
+
+setup(
+    name="transformers-static",
+    version="0.1.0",
+    description="Compile-friendly generation for Hugging Face-style causal LMs: static 4D masks, static caches.",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4", "safetensors>=0.4"],
+    extras_require=extras,
+)

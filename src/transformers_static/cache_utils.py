@@ -1,0 +1,128 @@
+"""Key/value caches: DynamicCache grows by concatenation, StaticCache is allocated once and never changes shape."""
+
+from __future__ import annotations
+
+import torch
+
+from .configuration_utils import PretrainedConfig
+
+
+class Cache:
+    """Holds keys/values per layer. `update` stores the new states at `cache_position` and returns all of them."""
+
+    max_cache_len: int | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def get_seq_length(self) -> int:
+        """Tokens already stored (for a StaticCache: its capacity is `max_cache_len`; see `kv_len`)."""
+        raise NotImplementedError
+
+    def kv_len(self, q_len: int) -> int:
+        """The key length attention sees once `q_len` new tokens are stored."""
+        raise NotImplementedError
+
+    def validate(self, batch_size: int, cache_position: torch.Tensor) -> None:
+        """Raise a ValueError before any write if `batch_size` tokens at `cache_position` do not fit."""
+
+
+class DynamicCache(Cache):
+    """Concatenates new keys/values along the sequence axis; shapes grow every step (not for compiled decoding)."""
+
+    def __init__(self) -> None:
+        self.key_cache: list[torch.Tensor] = []  # per layer: [batch, kv_heads, seq, head_dim]
+        self.value_cache: list[torch.Tensor] = []
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx == len(self.key_cache):
+            self.key_cache.append(key_states)
+            self.value_cache.append(value_states)
+        else:
+            self.key_cache[layer_idx] = torch.cat([self.key_cache[layer_idx], key_states], dim=-2)
+            self.value_cache[layer_idx] = torch.cat([self.value_cache[layer_idx], value_states], dim=-2)
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
+    def get_seq_length(self) -> int:
+        return self.key_cache[0].shape[-2] if self.key_cache else 0
+
+    def kv_len(self, q_len: int) -> int:
+        return self.get_seq_length() + q_len
+
+    def validate(self, batch_size: int, cache_position: torch.Tensor) -> None:
+        if self.key_cache and self.key_cache[0].shape[0] != batch_size:
+            raise ValueError(f"batch size {batch_size} does not match the cache's {self.key_cache[0].shape[0]}")
+
+
+class StaticCache(Cache):
+    """Preallocated `[max_batch_size, kv_heads, max_cache_len, head_dim]` keys and values for every layer.
+
+    Writes go to `cache_position` with `index_copy_`; attention always sees all `max_cache_len` slots and the
+    mask hides the ones not written yet, so every decode step has the same shapes.
+    """
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        max_batch_size: int,
+        max_cache_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if max_batch_size < 1 or max_cache_len < 1:
+            raise ValueError(
+                f"StaticCache needs max_batch_size >= 1 and max_cache_len >= 1, got {max_batch_size}, {max_cache_len}"
+            )
+        self.max_batch_size = max_batch_size
+        self.max_cache_len = max_cache_len
+        num_layers, kv_heads, head_dim = cache_shape(config)
+        shape = (max_batch_size, kv_heads, max_cache_len, head_dim)
+        self.key_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.value_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for tensor in (*self.key_cache, *self.value_cache):
+            torch._dynamo.mark_static_address(tensor)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = key_states.shape[0]
+        keys = self.key_cache[layer_idx][:batch]  # [batch, kv_heads, max_cache_len, head_dim]
+        values = self.value_cache[layer_idx][:batch]
+        keys.index_copy_(2, cache_position, key_states.to(keys.dtype))
+        values.index_copy_(2, cache_position, value_states.to(values.dtype))
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        raise NotImplementedError("a StaticCache does not track its length on the host; use cache_position")
+
+    def kv_len(self, q_len: int) -> int:
+        return self.max_cache_len
+
+    def validate(self, batch_size: int, cache_position: torch.Tensor) -> None:
+        if batch_size > self.max_batch_size:
+            raise ValueError(
+                f"batch size {batch_size} is larger than the StaticCache's max_batch_size {self.max_batch_size}"
+            )
+        # One host read per forward; compiled code skips this check (generate sizes the cache up front).
+        if cache_position.numel() and int(cache_position.max()) >= self.max_cache_len:
+            raise ValueError(
+                f"cache_position reaches {int(cache_position.max())}, past the StaticCache's max_cache_len "
+                f"{self.max_cache_len} (valid slots 0..{self.max_cache_len - 1})"
+            )
+
+    def reset(self) -> None:
+        """Zero every slot in place (shapes and addresses unchanged, so compiled graphs stay valid)."""
+        for tensor in (*self.key_cache, *self.value_cache):
+            tensor.zero_()
+
+
+def cache_shape(config: PretrainedConfig) -> tuple[int, int, int]:
+    """(num_layers, kv_heads, head_dim) of a model config, in upstream's field names."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim

@@ -1,0 +1,290 @@
+"""GenerationMixin.generate: prefill, then one token at a time, on a static cache with static-shaped masks.
+
+The static path (default) is built so a compiled forward sees exactly two input signatures for any prompt and any
+`max_new_tokens` that fit one cache bucket:
+
+    prefill   input_ids [batch, chunk]  mask [batch, 1, chunk, max_cache_len]  cache_position [chunk]
+    decode    input_ids [batch, 1]      mask [batch, 1, 1, max_cache_len]      cache_position [1]
+
+The prompt is left-padded to a multiple of the chunk size (positions come from the padding mask, so extra left
+padding changes nothing), the decode mask is one buffer updated in place by the AttentionMaskConverter, and
+`cache_position` / `position_ids` are tensors advanced in place: no Python number changes between steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from ..cache_utils import DynamicCache, StaticCache
+from ..modeling_attn_mask_utils import AttentionMaskConverter
+from .configuration_utils import GenerationConfig
+from .logits_process import next_tokens
+
+
+class Streamer(Protocol):
+    """Upstream's streamer protocol: `put` gets the prompt, then each new token batch; `end` closes."""
+
+    def put(self, value: torch.Tensor) -> None: ...
+
+    def end(self) -> None: ...
+
+
+@dataclass
+class GenerateDecoderOnlyOutput:
+    sequences: torch.Tensor  # [batch, prompt_len + new_tokens]
+    logits: tuple[torch.Tensor, ...] | None = None  # per new token: [batch, vocab]
+
+
+@dataclass
+class _Session:
+    """Per-call decoding state: tensors that the forward reads and the loop advances in place."""
+
+    forward: Callable[..., Any]
+    cache: StaticCache | DynamicCache
+    cache_position: torch.Tensor  # [q_len]: slot(s) the next forward writes
+    position_ids: torch.Tensor  # [batch, 1]: position of the next token
+    mask: torch.Tensor  # static: decode mask [batch, 1, 1, max_cache_len]; dynamic: 2D [batch, past]
+    converter: AttentionMaskConverter | None  # static only: owns `mask` and advances it
+
+
+class GenerationMixin:
+    """Adds `generate` to a causal-LM model (anything whose forward follows CausalLMMixin's signature)."""
+
+    generation_config: GenerationConfig
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        *,
+        streamer: Streamer | None = None,
+        generator: torch.Generator | None = None,
+        past_key_values: StaticCache | None = None,
+        compile: bool = False,
+        **kwargs: Any,
+    ) -> torch.Tensor | GenerateDecoderOnlyOutput:
+        """Greedy or sampled generation, batched with left padding, stopping per row on EOS.
+
+        kwargs override `generation_config` fields (`max_new_tokens`, `do_sample`, `top_k`, ...). `generator`
+        seeds sampling; `past_key_values` supplies a StaticCache to fill; `compile=True` runs a forward compiled
+        for the device (see `compiled_forward`). Returns `[batch, prompt_len + new]` token ids, or a
+        GenerateDecoderOnlyOutput when `return_dict_in_generate`.
+        """
+        config = self._generation_config(generation_config, kwargs)
+        attention_mask = self._prompt_mask(input_ids, attention_mask, config)
+        max_new_tokens = config.max_new_tokens or max(config.max_length - input_ids.shape[1], 1)
+        self._check_position_table(attention_mask, max_new_tokens)
+        forward = self.compiled_forward() if compile else self
+        if config.cache_implementation == "static":
+            session, logits = self._prefill_static(
+                forward, input_ids, attention_mask, config, max_new_tokens, past_key_values
+            )
+        else:
+            session, logits = self._prefill_dynamic(forward, input_ids, attention_mask)
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        new_tokens, all_logits = self._decode(session, logits, config, max_new_tokens, streamer, generator)
+        if streamer is not None:
+            streamer.end()
+        sequences = torch.cat([input_ids, new_tokens], dim=-1)
+        if config.return_dict_in_generate:
+            return GenerateDecoderOnlyOutput(sequences, tuple(all_logits) if config.output_logits else None)
+        return sequences
+
+    def compiled_forward(self) -> Callable[..., Any]:
+        """This model's forward compiled once for its device: CUDA graphs (`reduce-overhead`) on CUDA, inductor's
+        default elsewhere; `fullgraph=True`, `dynamic=False`."""
+        if getattr(self, "_compiled_forward", None) is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._compiled_forward = torch.compile(self.forward, mode=mode, fullgraph=True, dynamic=False)
+        return self._compiled_forward
+
+    # ------------------------------------------------------------------ setup
+    def _generation_config(
+        self, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
+    ) -> GenerationConfig:
+        base = generation_config or getattr(self, "generation_config", None) or self._default_generation_config()
+        config = base.update(**kwargs)
+        if config.pad_token_id is None:
+            config.pad_token_id = config.eos_token_ids[0] if config.eos_token_ids else 0
+        return config
+
+    def _default_generation_config(self) -> GenerationConfig:
+        model_config = self.config
+        return GenerationConfig(
+            eos_token_id=model_config.eos_token_id,
+            pad_token_id=model_config.pad_token_id,
+            bos_token_id=model_config.bos_token_id,
+        )
+
+    @staticmethod
+    def _prompt_mask(
+        input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: GenerationConfig
+    ) -> torch.Tensor:
+        """The prompt's 2D padding mask (1 = real token), checked against input_ids `[batch, prompt_len]`."""
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(
+                f"input_ids must be 2D [batch, prompt_len] with prompt_len >= 1, got {list(input_ids.shape)}"
+            )
+        if attention_mask is None:
+            return torch.ones_like(input_ids)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask must have the shape of input_ids {list(input_ids.shape)} [batch, prompt_len], "
+                f"got {list(attention_mask.shape)}"
+            )
+        return attention_mask.long()
+
+    def _check_position_table(self, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
+        limit = getattr(self, "max_positions", None)
+        if limit is None:
+            return
+        longest = int(attention_mask.sum(-1).max()) + max_new_tokens
+        if longest > limit:
+            raise ValueError(
+                f"{longest} positions requested (longest prompt + max_new_tokens) but the model's position table "
+                f"has {limit} (config n_positions / max_position_embeddings)"
+            )
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill_static(
+        self,
+        forward: Callable[..., Any],
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        config: GenerationConfig,
+        max_new_tokens: int,
+        cache: StaticCache | None,
+    ) -> tuple[_Session, torch.Tensor]:
+        """Left-pad the prompt to whole chunks, prefill chunk by chunk, and set up the in-place decode state."""
+        batch, prompt_len = input_ids.shape
+        chunk = config.prefill_chunk_size
+        padded_len = math.ceil(prompt_len / chunk) * chunk
+        pad = padded_len - prompt_len
+        ids = torch.nn.functional.pad(input_ids, (pad, 0), value=config.pad_token_id)  # [batch, padded_len]
+        prompt_mask = torch.nn.functional.pad(attention_mask, (pad, 0), value=0)
+        cache = self._static_cache(batch, padded_len + max_new_tokens, config, cache)
+        # The 2D padding mask at the cache's full length; slots after the prompt hold generated (real) tokens.
+        padding = torch.ones(batch, cache.max_cache_len, dtype=torch.bool, device=ids.device)
+        padding[:, :padded_len] = prompt_mask.bool()
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [batch, padded_len]
+        converter = self._mask_converter()
+        for start in range(0, padded_len, chunk):
+            cache_position = torch.arange(start, start + chunk, device=ids.device)
+            mask = converter.to_4d(
+                padding, batch_size=batch, q_len=chunk, kv_len=cache.max_cache_len, cache_position=cache_position
+            )  # [batch, 1, chunk, max_cache_len]
+            logits = forward(
+                ids[:, start : start + chunk].contiguous(),  # contiguous: strides must not vary with prompt length
+                attention_mask=mask,
+                position_ids=positions[:, start : start + chunk].contiguous(),
+                past_key_values=cache,
+                cache_position=cache_position,
+                logits_to_keep=1,
+            ).logits[:, -1]
+        last = torch.tensor([padded_len - 1], device=ids.device)
+        decode_mask = converter.start_decoding(padding, last)
+        session = _Session(forward, cache, last + 1, positions[:, -1:] + 1, decode_mask, converter)
+        return session, logits
+
+    def _prefill_dynamic(
+        self, forward: Callable[..., Any], input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[_Session, torch.Tensor]:
+        """The classic path: a DynamicCache and a 2D mask that grows by a column per step."""
+        prompt_len = input_ids.shape[1]
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache_position = torch.arange(prompt_len, device=input_ids.device)
+        cache = DynamicCache()
+        logits = forward(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            cache_position=cache_position,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        session = _Session(forward, cache, cache_position[-1:] + 1, positions[:, -1:] + 1, attention_mask, None)
+        return session, logits
+
+    def _static_cache(
+        self, batch: int, needed: int, config: GenerationConfig, cache: StaticCache | None
+    ) -> StaticCache:
+        """The user's cache if it fits, else one reused across calls of the same bucket (stable addresses for
+        compiled graphs), else a new one of capacity rounded up to `cache_bucket_size`."""
+        if cache is not None:
+            if batch > cache.max_batch_size:
+                raise ValueError(
+                    f"batch size {batch} is larger than the given StaticCache's max_batch_size {cache.max_batch_size}"
+                )
+            if needed > cache.max_cache_len:
+                raise ValueError(
+                    f"the given StaticCache holds {cache.max_cache_len} tokens but generation needs {needed} "
+                    "(prompt padded to whole prefill chunks + max_new_tokens)"
+                )
+            return cache
+        capacity = math.ceil(needed / config.cache_bucket_size) * config.cache_bucket_size
+        cached = getattr(self, "_generation_cache", None)
+        key = (batch, capacity, self.dtype, self.device)
+        if cached is None or cached[0] != key:
+            cached = (key, StaticCache(self.config, batch, capacity, dtype=self.dtype, device=self.device))
+            self._generation_cache = cached
+        return cached[1]
+
+    def _mask_converter(self) -> AttentionMaskConverter:
+        """A fresh converter of the same kind as the model's (its decode buffer belongs to this call)."""
+        model_converter = getattr(self, self.base_model_prefix).mask_converter
+        return AttentionMaskConverter(sliding_window=model_converter.sliding_window)
+
+    # ------------------------------------------------------------------ decode
+    def _decode(
+        self,
+        session: _Session,
+        logits: torch.Tensor,
+        config: GenerationConfig,
+        max_new_tokens: int,
+        streamer: Streamer | None,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Pick, then feed back, one token per step; finished rows get pad_token_id. Returns `[batch, new]`."""
+        eos = torch.tensor(config.eos_token_ids, device=logits.device, dtype=torch.long)
+        finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+        tokens, all_logits = [], []
+        for step in range(max_new_tokens):
+            if config.output_logits:
+                all_logits.append(logits.clone())  # a CUDA-graph output is overwritten by the next replay
+            token = next_tokens(logits, config, generator).masked_fill(finished, config.pad_token_id)  # [batch]
+            tokens.append(token)
+            if streamer is not None:
+                streamer.put(token.cpu())
+            finished |= torch.isin(token, eos)
+            # One host read per step, outside the forward, and only when there is an EOS to stop on.
+            if step == max_new_tokens - 1 or (eos.numel() and bool(finished.all())):
+                break
+            logits = self._decode_one_token(session, token)
+        return torch.stack(tokens, dim=1), all_logits
+
+    def _decode_one_token(self, session: _Session, token: torch.Tensor) -> torch.Tensor:
+        """One forward for `token` `[batch]`; the step's inputs are advanced in place for the static path."""
+        if session.converter is not None:
+            mask = session.converter.advance(session.cache_position)
+        else:
+            session.mask = torch.cat([session.mask, session.mask.new_ones(session.mask.shape[0], 1)], dim=-1)
+            mask = session.mask
+        logits = session.forward(
+            token[:, None],
+            attention_mask=mask,
+            position_ids=session.position_ids,
+            past_key_values=session.cache,
+            cache_position=session.cache_position,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        session.cache_position.add_(1)
+        session.position_ids.add_(1)
+        return logits

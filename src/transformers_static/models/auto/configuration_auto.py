@@ -1,0 +1,45 @@
+"""AutoConfig: the config class of a checkpoint, chosen by its `model_type`."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from ...configuration_utils import PretrainedConfig, load_config_dict
+
+CONFIG_MAPPING_NAMES = {
+    "gpt2": "GPT2Config",
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+}
+
+
+def model_class(model_type: str, kind: str, mapping: dict[str, str]) -> type:
+    """Import `mapping[model_type]` from `models/<model_type>/<kind>_<model_type>.py`."""
+    if model_type not in mapping:
+        raise ValueError(f"Unknown model_type {model_type!r}; supported model types: {', '.join(sorted(mapping))}")
+    module = importlib.import_module(f"transformers_static.models.{model_type}.{kind}_{model_type}")
+    return getattr(module, mapping[model_type])
+
+
+class AutoConfig:
+    """`AutoConfig.from_pretrained(dir)` / `AutoConfig.for_model("llama", ...)`."""
+
+    def __init__(self) -> None:
+        raise OSError("AutoConfig is not instantiable: use AutoConfig.from_pretrained(dir) or AutoConfig.for_model()")
+
+    @staticmethod
+    def for_model(model_type: str, **kwargs: Any) -> PretrainedConfig:
+        return model_class(model_type, "configuration", CONFIG_MAPPING_NAMES)(**kwargs)
+
+    @staticmethod
+    def from_pretrained(pretrained_path: str | os.PathLike, **overrides: Any) -> PretrainedConfig:
+        config_dict = load_config_dict(pretrained_path)
+        if "model_type" not in config_dict:
+            raise ValueError(
+                f"config.json at {os.fspath(pretrained_path)!r} has no 'model_type'; "
+                f"supported model types: {', '.join(sorted(CONFIG_MAPPING_NAMES))}"
+            )
+        config_cls = model_class(config_dict["model_type"], "configuration", CONFIG_MAPPING_NAMES)
+        return config_cls.from_dict(config_dict, **overrides)

@@ -1,0 +1,213 @@
+"""GPT-2: learned absolute positions, fused QKV `Conv1D` projections, pre-LayerNorm blocks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ...activations import get_activation
+from ...attention_utils import get_attention_function
+from ...cache_utils import Cache
+from ...modeling_attn_mask_utils import AttentionMaskConverter
+from ...modeling_outputs import BaseModelOutputWithPast
+from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
+from .configuration_gpt2 import GPT2Config
+
+
+class Conv1D(nn.Module):
+    """A linear layer whose weight is stored `[in_features, out_features]` (nn.Linear's transposed), as the
+    original GPT-2 checkpoints store it, so they load unchanged. Arguments in upstream's order: (nf, nx)."""
+
+    def __init__(self, out_features: int, in_features: int) -> None:
+        super().__init__()
+        self.out_features = out_features
+        self.in_features = in_features
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.addmm(self.bias, x.reshape(-1, self.in_features), self.weight)  # [tokens, out_features]
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"nf={self.out_features}, nx={self.in_features}"
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, intermediate_size: int, config: GPT2Config) -> None:
+        super().__init__()
+        self.c_fc = Conv1D(intermediate_size, config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, intermediate_size)
+        self.act = get_activation(config.activation_function)
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states))))
+
+
+class GPT2Attention(nn.Module):
+    """Causal self-attention over one fused `c_attn` projection (query, key, value concatenated on the last dim).
+
+    `reorder_and_upcast_attn` is read but not special-cased. Upstream uses it (eager only) to compute
+    `QK^T * scaling` and the softmax in float32 with autocast off; in float32 that is the computation every
+    kernel here already does. Our eager kernel upcasts the scores to float32 before masking and softmax, so in
+    fp16/bf16 the only difference left is that `QK^T` itself is computed in the model dtype (rounding-level).
+    """
+
+    def __init__(self, config: GPT2Config, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.embed_dim = config.n_embd
+        self.head_dim = config.n_embd // config.n_head
+        self.scaling = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        if config.scale_attn_by_inverse_layer_idx:
+            self.scaling /= layer_idx + 1
+        self.attention_dropout = config.attn_pdrop
+        self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim)
+        self.c_proj = Conv1D(self.embed_dim, self.embed_dim)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache_position: torch.Tensor,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        batch, q_len, _ = hidden_states.shape
+        hidden_shape = (batch, q_len, -1, self.head_dim)
+        query, key, value = self.c_attn(hidden_states).split(self.embed_dim, dim=-1)  # each [batch, q_len, hidden]
+        query = query.view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
+        key = key.view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
+        value = value.view(hidden_shape).transpose(1, 2)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx, cache_position)  # [.., kv_len, ..]
+
+        attention = get_attention_function(self.config._attn_implementation)
+        attn_output, _ = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )  # [batch, q_len, heads, head_dim]
+        attn_output = attn_output.reshape(batch, q_len, self.embed_dim)  # [batch, q_len, hidden]
+        return self.resid_dropout(self.c_proj(attn_output))
+
+
+class GPT2Block(nn.Module):
+    """Pre-LayerNorm block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`."""
+
+    def __init__(self, config: GPT2Config, layer_idx: int) -> None:
+        super().__init__()
+        inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = GPT2Attention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = GPT2MLP(inner_dim, config)
+
+    def forward(self, hidden_states: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.attn(
+            self.ln_1(hidden_states),
+            attention_mask=inputs.attention_mask,
+            cache_position=inputs.cache_position,
+            past_key_values=inputs.past_key_values,
+        )
+        hidden_states = residual + hidden_states
+        return hidden_states + self.mlp(self.ln_2(hidden_states))
+
+
+class GPT2PreTrainedModel(PreTrainedModel):
+    config_class = GPT2Config
+    base_model_prefix = "transformer"
+    # Older checkpoints saved the causal-mask buffers `h.<i>.attn.bias` and `h.<i>.attn.masked_bias`.
+    _keys_to_ignore_on_load_unexpected = [r"\.attn\.bias$", r"\.attn\.masked_bias$"]
+
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__(config)
+        config.validate()
+
+    @property
+    def max_positions(self) -> int:
+        """Length of the learned position table: every position id must lie in `[0, n_positions)`."""
+        return self.config.n_positions
+
+    def _init_module(self, module: nn.Module) -> None:
+        """Normal init as for every model, plus Conv1D, and GPT-2's residual projections scaled by
+        1/sqrt(2 * n_layer) (two residual additions per block)."""
+        super()._init_module(module)
+        std = self.config.initializer_range
+        if isinstance(module, Conv1D):
+            nn.init.normal_(module.weight, std=std)
+            nn.init.zeros_(module.bias)
+        # `apply` visits children first, so this overrides the plain init of `c_proj` just done.
+        if isinstance(module, (GPT2Attention, GPT2MLP)):
+            nn.init.normal_(module.c_proj.weight, std=std / math.sqrt(2 * self.config.n_layer))
+
+
+class GPT2Model(GPT2PreTrainedModel):
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__(config)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mask_converter = AttentionMaskConverter()
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        cache_position: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> BaseModelOutputWithPast:
+        """Final hidden states `[batch, q_len, hidden]`. Positions come from `position_ids`, else from the 2D
+        padding mask's cumsum (left-padded rows start at 0), else from `cache_position`."""
+        inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.wte)  # [batch, q_len, hidden]
+        batch, q_len, _ = inputs_embeds.shape
+        inputs = self.prepare_attention_inputs(
+            self.mask_converter,
+            batch_size=batch,
+            q_len=q_len,
+            device=inputs_embeds.device,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            cache_position=cache_position,
+            use_cache=use_cache,
+        )
+        # One host read per forward, before any cache write; compiled code skips it (generate sizes positions).
+        if not torch.compiler.is_compiling() and q_len and int(inputs.position_ids.max()) >= self.max_positions:
+            raise ValueError(
+                f"position_ids reach {int(inputs.position_ids.max())}, past GPT-2's learned position table: "
+                f"n_positions={self.max_positions} (valid positions 0..{self.max_positions - 1})"
+            )
+        hidden_states = self.drop(inputs_embeds + self.wpe(inputs.position_ids))  # [batch, q_len, hidden]
+        for block in self.h:
+            hidden_states = block(hidden_states, inputs)
+        hidden_states = self.ln_f(hidden_states)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=inputs.past_key_values)
+
+
+class GPT2LMHeadModel(CausalLMMixin, GPT2PreTrainedModel):
+    """GPT-2 with a language-model head, tied to the token embeddings by default (`tie_word_embeddings`)."""
+
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__(config)
+        self.transformer = GPT2Model(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.post_init()

@@ -1,0 +1,63 @@
+"""Llama configuration, with upstream's field names and defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...configuration_utils import PretrainedConfig
+from ...modeling_rope_utils import standardize_rope_parameters
+
+
+class LlamaConfig(PretrainedConfig):
+    model_type = "llama"
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 4096,
+        intermediate_size: int = 11008,
+        num_hidden_layers: int = 32,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 2048,
+        initializer_range: float = 0.02,
+        rms_norm_eps: float = 1e-6,
+        pretraining_tp: int = 1,
+        rope_parameters: dict[str, Any] | None = None,
+        attention_bias: bool = False,
+        attention_dropout: float = 0.0,
+        mlp_bias: bool = False,
+        head_dim: int | None = None,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | list[int] | None = 2,
+        tie_word_embeddings: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        rope_parameters = standardize_rope_parameters(
+            rope_parameters, kwargs.pop("rope_theta", None), kwargs.pop("rope_scaling", None)
+        )
+        super().__init__(
+            bos_token_id=bos_token_id, eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs
+        )
+        num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        if num_attention_heads % num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({num_attention_heads}) must be divisible by num_key_value_heads ({num_key_value_heads})"
+            )
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.rms_norm_eps = rms_norm_eps
+        self.pretraining_tp = pretraining_tp
+        self.rope_parameters = rope_parameters
+        self.attention_bias = attention_bias
+        self.attention_dropout = attention_dropout
+        self.mlp_bias = mlp_bias
+        self.head_dim = head_dim or hidden_size // num_attention_heads

@@ -1,0 +1,153 @@
+"""The per-model parity matrix: a tiny random upstream model, saved as a real checkpoint, loaded by ours.
+
+A model's test module subclasses `CausalLMParityTests` with its upstream classes and tiny config; every test here
+then runs for that architecture.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any, ClassVar
+
+import torch
+from parameterized import parameterized
+
+from transformers_static import AutoModelForCausalLM, DynamicCache, StaticCache
+
+ATOL = 1e-4
+IMPLS = ["eager", "sdpa"]
+PADDINGS = {"no_padding": [0, 0, 0], "left_padding": [0, 2, 5]}
+MASK_KINDS = ["2d", "4d_bool", "4d_additive"]
+MATRIX = [(impl, pad, kind) for impl in IMPLS for pad in PADDINGS for kind in MASK_KINDS]
+SEQ_LEN = 9
+
+
+def padding_mask(left_pads: list[int], seq_len: int) -> torch.Tensor:
+    """`[batch, seq_len]` with `left_pads[i]` leading zeros in row i."""
+    mask = torch.ones(len(left_pads), seq_len, dtype=torch.long)
+    for row, pad in enumerate(left_pads):
+        mask[row, :pad] = 0
+    return mask
+
+
+def reference_4d(
+    mask_2d: torch.Tensor, kind: str, kv_len: int | None = None, window: int | None = None
+) -> torch.Tensor:
+    """The 4D mask equivalent to a 2D padding mask (and a sliding window of `window` keys), written out
+    independently of the library's converter."""
+    batch, seq_len = mask_2d.shape
+    kv_len = kv_len or seq_len
+    causal = torch.ones(seq_len, kv_len, dtype=torch.bool).tril()  # [q_len, kv_len]
+    if window is not None:
+        causal &= ~torch.ones(seq_len, kv_len, dtype=torch.bool).tril(-window)
+    padded = torch.nn.functional.pad(mask_2d.bool(), (0, kv_len - seq_len), value=True)
+    mask = causal[None, None] & padded[:, None, None, :]  # [batch, 1, q_len, kv_len]
+    if kind == "4d_bool":
+        return mask
+    return torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+
+
+def positions(mask_2d: torch.Tensor) -> torch.Tensor:
+    return (mask_2d.cumsum(-1) - 1).clamp(min=0)
+
+
+class CausalLMParityTests:
+    """Ours vs upstream transformers on the same saved checkpoint, fp32, logits within ATOL on real tokens.
+
+    A mixin: subclass it together with unittest.TestCase."""
+
+    upstream_model_class: ClassVar[Any]  # e.g. transformers.LlamaForCausalLM
+    upstream_config_class: ClassVar[Any]
+    config_kwargs: ClassVar[dict[str, Any]]
+    vocab_size: ClassVar[int] = 99
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self.config_kwargs.get("sliding_window")
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        torch.manual_seed(0)
+        cls.tmpdir = tempfile.mkdtemp()
+        config = cls.upstream_config_class(vocab_size=cls.vocab_size, **cls.config_kwargs)
+        cls.upstream = cls.upstream_model_class(config).eval()
+        cls.upstream.save_pretrained(cls.tmpdir)
+        cls.models = {
+            impl: AutoModelForCausalLM.from_pretrained(cls.tmpdir, attn_implementation=impl) for impl in IMPLS
+        }
+        generator = torch.Generator().manual_seed(1)
+        cls.input_ids = torch.randint(0, cls.vocab_size, (3, SEQ_LEN), generator=generator)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+    def upstream_logits(self, mask_2d: torch.Tensor, impl: str = "sdpa") -> torch.Tensor:
+        self.upstream.set_attn_implementation(impl)
+        with torch.no_grad():
+            return self.upstream(self.input_ids, attention_mask=mask_2d, position_ids=positions(mask_2d)).logits
+
+    def assert_close_on_real_tokens(self, ours: torch.Tensor, theirs: torch.Tensor, mask_2d: torch.Tensor) -> None:
+        real = mask_2d.bool()
+        torch.testing.assert_close(ours[real], theirs[real], atol=ATOL, rtol=0)
+
+    @parameterized.expand(MATRIX)
+    def test_logits_match_upstream(self, impl: str, padding: str, kind: str) -> None:
+        mask_2d = padding_mask(PADDINGS[padding], SEQ_LEN)
+        # Upstream's eager kernel adds a bool mask as 0/1, so its answer to the 2D mask is the reference for all.
+        expected = self.upstream_logits(mask_2d, impl)
+        with torch.no_grad():
+            if kind == "2d":
+                logits = self.models[impl](self.input_ids, attention_mask=mask_2d).logits
+            else:
+                mask = reference_4d(mask_2d, kind, window=self.sliding_window)
+                logits = self.models[impl](self.input_ids, attention_mask=mask, position_ids=positions(mask_2d)).logits
+        self.assert_close_on_real_tokens(logits, expected, mask_2d)
+
+    @parameterized.expand([(i, c, k) for i in IMPLS for c in ("static", "dynamic") for k in ("2d", "4d_bool")])
+    def test_step_by_step_decoding_matches_upstream_full_forward(self, impl: str, cache_kind: str, kind: str) -> None:
+        mask_2d = padding_mask(PADDINGS["left_padding"], SEQ_LEN)
+        expected = self.upstream_logits(mask_2d, impl)
+        model, prefill = self.models[impl], 5
+        cache = StaticCache(model.config, 3, 16) if cache_kind == "static" else DynamicCache()
+        kv_len = 16 if cache_kind == "static" else None
+        steps = []
+        with torch.no_grad():
+            for start, end in [(0, prefill), *((t, t + 1) for t in range(prefill, SEQ_LEN))]:
+                cache_position = torch.arange(start, end)
+                # a 2D mask covers past + q_len; a 4D mask covers what attention sees (the whole static cache)
+                mask = (
+                    mask_2d[:, :end]
+                    if kind == "2d"
+                    else reference_4d(mask_2d[:, :end], kind, kv_len or end, self.sliding_window)
+                )
+                mask = mask if kind == "2d" else mask[:, :, start:end]
+                out = model(
+                    self.input_ids[:, start:end],
+                    attention_mask=mask,
+                    position_ids=positions(mask_2d)[:, start:end],
+                    past_key_values=cache,
+                    cache_position=cache_position,
+                )
+                steps.append(out.logits)
+        self.assert_close_on_real_tokens(torch.cat(steps, dim=1), expected, mask_2d)
+
+    def test_save_pretrained_loads_in_upstream(self) -> None:
+        mask_2d = padding_mask(PADDINGS["left_padding"], SEQ_LEN)
+        with tempfile.TemporaryDirectory() as out:
+            self.models["sdpa"].save_pretrained(out, max_shard_size=20_000)  # forces a sharded checkpoint
+            reloaded = self.upstream_model_class.from_pretrained(out).eval()
+            ours_again = AutoModelForCausalLM.from_pretrained(out)
+        with torch.no_grad():
+            theirs = reloaded(self.input_ids, attention_mask=mask_2d, position_ids=positions(mask_2d)).logits
+            ours = ours_again(self.input_ids, attention_mask=mask_2d).logits
+        expected = self.upstream_logits(mask_2d)
+        self.assert_close_on_real_tokens(theirs, expected, mask_2d)
+        self.assert_close_on_real_tokens(ours, expected, mask_2d)
+
+    def test_tied_embeddings_follow_the_config(self) -> None:
+        model = self.models["sdpa"]
+        for target, source in model._tied_weights_keys.items():
+            tied = model.get_parameter(target) is model.get_parameter(source)
+            self.assertEqual(tied, bool(model.config.tie_word_embeddings))
