@@ -151,3 +151,36 @@ class CausalLMParityTests:
         for target, source in model._tied_weights_keys.items():
             tied = model.get_parameter(target) is model.get_parameter(source)
             self.assertEqual(tied, bool(model.config.tie_word_embeddings))
+
+    @parameterized.expand([("static",), ("dynamic",)])
+    def test_greedy_generate_matches_upstream(self, cache_implementation: str) -> None:
+        """Batch of 3 left-padded by 0, 4 and 7, with an EOS that one row reaches mid-way."""
+        ids, mask = generation_prompt(self.vocab_size)
+        self.upstream.set_attn_implementation("sdpa")
+        free_run = self.upstream.generate(
+            ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None
+        )
+        eos = int(free_run[0, ids.shape[1] + 3])  # row 0 stops after 4 new tokens; the others go on or stop later
+        expected = self.upstream.generate(
+            ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0
+        )
+        ours = self.models["sdpa"].generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=12,
+            eos_token_id=eos,
+            pad_token_id=0,
+            cache_implementation=cache_implementation,
+        )
+        torch.testing.assert_close(ours, expected, rtol=0, atol=0)
+        self.assertEqual(int(ours[0, -1]), 0, "a row that hit EOS must be padded with pad_token_id")
+
+
+def generation_prompt(
+    vocab_size: int, left_pads: tuple[int, ...] = (0, 4, 7), length: int = 10
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt ids `[3, length]` (pads are id 0) and their padding mask."""
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, vocab_size, (len(left_pads), length), generator=generator)
+    mask = padding_mask(list(left_pads), length)
+    return ids.masked_fill(mask == 0, 0), mask

@@ -1,0 +1,156 @@
+"""AttentionMaskConverter: small masks written out literally (1 = may attend)."""
+
+import pytest
+import torch
+
+from transformers_static import AttentionMaskConverter
+from transformers_static.attention_utils import eager_attention, sdpa_attention
+from transformers_static.modeling_attn_mask_utils import position_ids_from_padding
+
+
+def as_int(mask: torch.Tensor) -> list:
+    return mask.int().tolist()
+
+
+def test_causal_mask_from_none() -> None:
+    mask = AttentionMaskConverter().to_4d(None, batch_size=2, q_len=3, kv_len=3, cache_position=torch.arange(3))
+    assert mask.shape == (2, 1, 3, 3) and mask.dtype == torch.bool
+    assert as_int(mask[1, 0]) == [
+        [1, 0, 0],
+        [1, 1, 0],
+        [1, 1, 1],
+    ]
+
+
+def test_causal_mask_with_past_and_static_capacity() -> None:
+    """Two new queries at slots 2 and 3 of a 6-slot cache: later slots stay closed."""
+    mask = AttentionMaskConverter().to_4d(None, batch_size=1, q_len=2, kv_len=6, cache_position=torch.tensor([2, 3]))
+    assert as_int(mask[0, 0]) == [
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+    ]
+
+
+def test_left_padding_mask() -> None:
+    padding = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    mask = AttentionMaskConverter().to_4d(padding, batch_size=2, q_len=4, kv_len=4, cache_position=torch.arange(4))
+    assert as_int(mask[0, 0]) == [
+        [0, 0, 0, 0],
+        [0, 0, 0, 0],
+        [0, 0, 1, 0],
+        [0, 0, 1, 1],
+    ]
+    assert as_int(mask[1, 0]) == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 1],
+    ]
+
+
+def test_short_2d_mask_is_extended_to_the_static_capacity() -> None:
+    padding = torch.tensor([[0, 1, 1]])  # past 2 + this query; the cache holds 5
+    mask = AttentionMaskConverter().to_4d(padding, batch_size=1, q_len=1, kv_len=5, cache_position=torch.tensor([2]))
+    assert as_int(mask[0, 0]) == [[0, 1, 1, 0, 0]]
+
+
+def test_sliding_window_covers_w_keys_including_own() -> None:
+    mask = AttentionMaskConverter(sliding_window=2).to_4d(
+        None, batch_size=1, q_len=4, kv_len=4, cache_position=torch.arange(4)
+    )
+    assert as_int(mask[0, 0]) == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [0, 1, 1, 0],
+        [0, 0, 1, 1],
+    ]
+
+
+@pytest.mark.parametrize("window", [None, 2, 3])
+def test_static_decode_rows_advance_in_place(window: int | None) -> None:
+    """start_decoding + advance give, step by step, exactly the rows to_4d builds, in one buffer."""
+    converter = AttentionMaskConverter(sliding_window=window)
+    padding = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])  # full cache length 8
+    decode = converter.start_decoding(padding, torch.tensor([2]))
+    assert as_int(decode[:, 0, 0]) == as_int(
+        converter.to_4d(padding, batch_size=2, q_len=1, kv_len=8, cache_position=torch.tensor([2]))[:, 0, 0]
+    )
+    address = decode.data_ptr()
+    for pos in range(3, 8):
+        row = converter.advance(torch.tensor([pos]))
+        expected = converter.to_4d(padding, batch_size=2, q_len=1, kv_len=8, cache_position=torch.tensor([pos]))
+        assert row.data_ptr() == address
+        assert torch.equal(row, expected)
+
+
+def test_static_decode_rows_literal_window() -> None:
+    converter = AttentionMaskConverter(sliding_window=2)
+    decode = converter.start_decoding(torch.tensor([[0, 1, 1, 1, 1]]), torch.tensor([1]))
+    assert as_int(decode[0, 0]) == [[0, 1, 0, 0, 0]]
+    assert as_int(converter.advance(torch.tensor([2]))[0, 0]) == [[0, 1, 1, 0, 0]]
+    assert as_int(converter.advance(torch.tensor([3]))[0, 0]) == [[0, 0, 1, 1, 0]]
+    assert as_int(converter.advance(torch.tensor([4]))[0, 0]) == [[0, 0, 0, 1, 1]]
+
+
+def test_user_4d_masks_pass_through() -> None:
+    converter = AttentionMaskConverter()
+    bool_mask = torch.tensor([[[[True, False], [False, True]]]])  # not causal: used as given
+    out = converter.to_4d(bool_mask, batch_size=1, q_len=2, kv_len=2, cache_position=torch.arange(2))
+    assert torch.equal(out, bool_mask)
+    additive = torch.tensor([[[[0.0, -float("inf")], [0.0, 0.0]]]])
+    out = converter.to_4d(
+        additive, batch_size=1, q_len=2, kv_len=2, cache_position=torch.arange(2), dtype=torch.float16
+    )
+    assert out.dtype == torch.float16 and torch.isfinite(out).all() and out[0, 0, 0, 1] < -60000
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [
+        (torch.ones(2, 1, 3), "got 3D"),
+        (torch.ones(2, 5, dtype=torch.long), r"\[2, L\] with 3 <= L <= 4"),
+        (torch.ones(3, 4, dtype=torch.long), r"\[2, L\]"),
+        (torch.ones(2, 1, 3, 5, dtype=torch.bool), r"\[2, 1, 3, 4\]"),
+        (torch.ones(2, 2, 3, 4, dtype=torch.bool), r"\[2, 1, 3, 4\]"),
+        (torch.ones(2, 1, 3, 4, dtype=torch.long), "bool .* or floating"),
+    ],
+)
+def test_bad_masks_name_the_expected_shape(mask: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AttentionMaskConverter().to_4d(mask, batch_size=2, q_len=3, kv_len=4, cache_position=torch.arange(1, 4))
+
+
+def test_position_ids_from_left_padding() -> None:
+    padding = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert position_ids_from_padding(padding, torch.arange(5)).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert position_ids_from_padding(padding, torch.tensor([4])).tolist() == [[2], [4]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("attention", [eager_attention, sdpa_attention])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_fully_masked_rows_stay_finite(dtype: torch.dtype, attention, kind: str) -> None:
+    """A left-padding query sees no key; in half precision with large negative scores, outputs stay finite."""
+    module = torch.nn.Module().eval()
+    query = torch.randn(1, 2, 3, 4, dtype=dtype) * 30
+    key = -query.clone()  # strongly negative scores: the case where scores + finfo.min overflows to -inf
+    value = torch.randn(1, 2, 3, 4, dtype=dtype)
+    mask = AttentionMaskConverter().to_4d(
+        torch.tensor([[0, 1, 1]]), batch_size=1, q_len=3, kv_len=3, cache_position=torch.arange(3)
+    )
+    if kind == "additive":
+        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+    out, _ = attention(module, query, key, value, mask, scaling=1.0)
+    assert torch.isfinite(out).all()
+
+
+def test_eager_and_sdpa_agree_on_a_bool_mask() -> None:
+    module = torch.nn.Module().eval()
+    query, key, value = torch.randn(3, 2, 4, 8).unbind(0)
+    query, key, value = query[None], key[None], value[None]
+    mask = AttentionMaskConverter(sliding_window=2).to_4d(
+        None, batch_size=1, q_len=4, kv_len=4, cache_position=torch.arange(4)
+    )
+    eager, _ = eager_attention(module, query, key, value, mask, scaling=0.35)
+    sdpa, _ = sdpa_attention(module, query, key, value, mask, scaling=0.35)
+    torch.testing.assert_close(eager, sdpa, atol=1e-6, rtol=0)
