@@ -46,3 +46,14 @@ def test_dynamic_cache_concatenates() -> None:
     keys, _ = cache.update(states(1, 1, 2.0), states(1, 1, 2.0), 0, torch.tensor([3]))
     assert keys[0, 0, :, 0].tolist() == [1, 1, 1, 2]
     assert cache.get_seq_length() == 4 and cache.kv_len(1) == 5
+
+
+def test_key_positions_follow_the_writes() -> None:
+    """What ALiBi reads: each key slot's position, as written (packed rows restart at 0)."""
+    static = StaticCache(CONFIG, max_batch_size=2, max_cache_len=5)
+    static.update_positions(torch.tensor([[0, 1, 0], [0, 1, 2]]), torch.arange(3))
+    positions = static.update_positions(torch.tensor([[1], [3]]), torch.tensor([3]))
+    assert positions.tolist() == [[0, 1, 0, 1, 0], [0, 1, 2, 3, 0]]
+    dynamic = DynamicCache()
+    dynamic.update_positions(torch.tensor([[0, 1, 0]]), torch.arange(3))
+    assert dynamic.update_positions(torch.tensor([[1]]), torch.tensor([3])).tolist() == [[0, 1, 0, 1]]

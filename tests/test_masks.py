@@ -154,3 +154,23 @@ def test_eager_and_sdpa_agree_on_a_bool_mask() -> None:
     eager, _ = eager_attention(module, query, key, value, mask, scaling=0.35)
     sdpa, _ = sdpa_attention(module, query, key, value, mask, scaling=0.35)
     torch.testing.assert_close(eager, sdpa, atol=1e-6, rtol=0)
+
+
+def test_one_converter_per_mask_kind() -> None:
+    from types import SimpleNamespace
+
+    from transformers_static.modeling_attn_mask_utils import attention_type, mask_converters
+
+    mixed = SimpleNamespace(
+        num_hidden_layers=3, sliding_window=4, layer_types=["full_attention", "sliding_attention", "full_attention"]
+    )
+    converters = mask_converters(mixed)
+    assert {kind: c.sliding_window for kind, c in converters.items()} == {
+        "full_attention": None,
+        "sliding_attention": 4,
+    }
+    assert [attention_type(mixed, i) for i in range(3)] == mixed.layer_types
+    all_sliding = SimpleNamespace(num_hidden_layers=2, sliding_window=4)
+    assert {kind: c.sliding_window for kind, c in mask_converters(all_sliding).items()} == {"sliding_attention": 4}
+    full = SimpleNamespace(num_hidden_layers=2, sliding_window=None)
+    assert list(mask_converters(full)) == ["full_attention"]

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,9 +84,10 @@ def test_missing_weight_is_an_error(checkpoint: str, tmp_path) -> None:
 
 def test_shape_mismatch_is_an_error(checkpoint: str, tmp_path) -> None:
     path = copy_checkpoint(checkpoint, str(tmp_path / "ckpt"))
-    config = json.loads(open(os.path.join(path, "config.json")).read())
+    config_file = Path(path) / "config.json"
+    config = json.loads(config_file.read_text())
     config["intermediate_size"] = 40
-    open(os.path.join(path, "config.json"), "w").write(json.dumps(config))
+    config_file.write_text(json.dumps(config))
     with pytest.raises(
         ValueError, match=r"has shape \[48, 32\] in the checkpoint, LlamaForCausalLM expects \[40, 32\]"
     ):
@@ -94,9 +96,8 @@ def test_shape_mismatch_is_an_error(checkpoint: str, tmp_path) -> None:
 
 def test_corrupt_safetensors_is_an_error(checkpoint: str, tmp_path) -> None:
     path = copy_checkpoint(checkpoint, str(tmp_path / "ckpt"))
-    weights = os.path.join(path, "model.safetensors")
-    data = open(weights, "rb").read()
-    open(weights, "wb").write(data[: len(data) // 2])
+    weights = Path(path) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(OSError, match="corrupt or truncated"):
         LlamaForCausalLM.from_pretrained(path)
 

@@ -28,6 +28,11 @@ class Cache:
     def validate(self, batch_size: int, cache_position: torch.Tensor) -> None:
         """Raise a ValueError before any write if `batch_size` tokens at `cache_position` do not fit."""
 
+    def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        """Store the new tokens' positions `[batch, q_len]`; return every key slot's position `[batch, kv_len]`
+        (what ALiBi needs, and what a 2D mask cannot tell when sequences are packed)."""
+        raise NotImplementedError
+
 
 class DynamicCache(Cache):
     """Concatenates new keys/values along the sequence axis; shapes grow every step (not for compiled decoding)."""
@@ -35,6 +40,7 @@ class DynamicCache(Cache):
     def __init__(self) -> None:
         self.key_cache: list[torch.Tensor] = []  # per layer: [batch, kv_heads, seq, head_dim]
         self.value_cache: list[torch.Tensor] = []
+        self.key_positions: torch.Tensor | None = None  # [batch, seq]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
@@ -49,6 +55,11 @@ class DynamicCache(Cache):
 
     def get_seq_length(self) -> int:
         return self.key_cache[0].shape[-2] if self.key_cache else 0
+
+    def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        previous = self.key_positions
+        self.key_positions = position_ids if previous is None else torch.cat([previous, position_ids], dim=-1)
+        return self.key_positions
 
     def kv_len(self, q_len: int) -> int:
         return self.get_seq_length() + q_len
@@ -83,7 +94,8 @@ class StaticCache(Cache):
         shape = (max_batch_size, kv_heads, max_cache_len, head_dim)
         self.key_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.value_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        for tensor in (*self.key_cache, *self.value_cache):
+        self.key_positions = torch.zeros(max_batch_size, max_cache_len, dtype=torch.long, device=device)
+        for tensor in (*self.key_cache, *self.value_cache, self.key_positions):
             torch._dynamo.mark_static_address(tensor)
 
     def update(
@@ -95,6 +107,11 @@ class StaticCache(Cache):
         keys.index_copy_(2, cache_position, key_states.to(keys.dtype))
         values.index_copy_(2, cache_position, value_states.to(values.dtype))
         return keys, values
+
+    def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        key_positions = self.key_positions[: position_ids.shape[0]]  # [batch, max_cache_len]
+        key_positions.index_copy_(1, cache_position, position_ids)
+        return key_positions
 
     def get_seq_length(self) -> int:
         raise NotImplementedError("a StaticCache does not track its length on the host; use cache_position")
@@ -116,7 +133,7 @@ class StaticCache(Cache):
 
     def reset(self) -> None:
         """Zero every slot in place (shapes and addresses unchanged, so compiled graphs stay valid)."""
-        for tensor in (*self.key_cache, *self.value_cache):
+        for tensor in (*self.key_cache, *self.value_cache, self.key_positions):
             tensor.zero_()
 
 

@@ -24,7 +24,12 @@ token's slot and, with a window, closes the slot that left it: O(batch) writes, 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
 
 
 class AttentionMaskConverter:
@@ -137,6 +142,22 @@ class AttentionMaskConverter:
             )
         attention_mask = attention_mask.to(dtype or attention_mask.dtype)
         return attention_mask.clamp(min=torch.finfo(attention_mask.dtype).min)
+
+
+def attention_type(config: Any, layer_idx: int) -> str:
+    """The mask kind of one layer: `config.layer_types[layer_idx]` where the config lists them, else sliding for
+    every layer when the config has a `sliding_window`, else full causal."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return layer_types[layer_idx]
+    return SLIDING_ATTENTION if getattr(config, "sliding_window", None) else FULL_ATTENTION
+
+
+def mask_converters(config: Any) -> dict[str, AttentionMaskConverter]:
+    """One converter per mask kind the model's layers use (so each kind's mask is made once per forward)."""
+    kinds = {attention_type(config, i) for i in range(config.num_hidden_layers)}
+    windows = {FULL_ATTENTION: None, SLIDING_ATTENTION: getattr(config, "sliding_window", None)}
+    return {kind: AttentionMaskConverter(sliding_window=windows[kind]) for kind in sorted(kinds)}
 
 
 def position_ids_from_padding(padding_mask: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:

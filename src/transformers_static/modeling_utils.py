@@ -38,10 +38,11 @@ WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 class AttentionInputs:
     """What every decoder layer needs besides hidden states, prepared once per forward."""
 
-    attention_mask: torch.Tensor  # [batch, 1, q_len, kv_len], bool or additive float
+    masks: dict[str, torch.Tensor]  # per attention kind: [batch, 1, q_len, kv_len], bool or additive float
     position_ids: torch.Tensor  # [batch, q_len]
     cache_position: torch.Tensor  # [q_len]
     past_key_values: Cache | None
+    key_positions: torch.Tensor | None = None  # [batch, kv_len], only for models that ask (ALiBi)
 
 
 class PreTrainedModel(nn.Module):
@@ -73,21 +74,25 @@ class PreTrainedModel(nn.Module):
     # ------------------------------------------------------------------ forward helpers
     def prepare_attention_inputs(
         self,
-        mask_converter: AttentionMaskConverter,
+        mask_converters: dict[str, AttentionMaskConverter],
         *,
         batch_size: int,
         q_len: int,
         device: torch.device,
-        attention_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None,
         position_ids: torch.Tensor | None,
         past_key_values: Cache | None,
         cache_position: torch.Tensor | None,
         use_cache: bool | None,
+        with_key_positions: bool = False,
     ) -> AttentionInputs:
-        """Resolve the cache, `cache_position` `[q_len]`, `position_ids` `[batch, q_len]` and the 4D mask.
+        """Resolve the cache, `cache_position` `[q_len]`, `position_ids` `[batch, q_len]` and one 4D mask per
+        attention kind (`mask_converters` keys, e.g. "full_attention", "sliding_attention").
 
-        Defaults: a DynamicCache when caching and none is given; cache positions right after what the cache holds;
-        positions from the 2D padding mask's cumsum (so left-padded rows start at 0), else the cache positions.
+        `attention_mask` is None, a 2D padding mask, a 4D mask used as given for every kind, or a dict of 4D masks
+        by kind (what generate passes). Defaults: a DynamicCache when caching and none is given; cache positions
+        right after what the cache holds; positions from the 2D padding mask's cumsum (so left-padded rows start
+        at 0), else the cache positions. `with_key_positions` adds the position of every key slot (from the cache).
         """
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None:
@@ -102,20 +107,37 @@ class PreTrainedModel(nn.Module):
         if past_key_values is not None and not torch.compiler.is_compiling():
             past_key_values.validate(batch_size, cache_position)
         kv_len = past_key_values.kv_len(q_len) if past_key_values is not None else q_len
-        mask = mask_converter.to_4d(
-            attention_mask,
-            batch_size=batch_size,
-            q_len=q_len,
-            kv_len=kv_len,
-            cache_position=cache_position,
-            dtype=self.dtype,
+        by_kind = (
+            attention_mask if isinstance(attention_mask, dict) else dict.fromkeys(mask_converters, attention_mask)
         )
+        if by_kind.keys() != mask_converters.keys():
+            raise ValueError(
+                f"attention_mask dict must have one mask per kind {sorted(mask_converters)}, got {sorted(by_kind)}"
+            )
+        masks = {
+            kind: converter.to_4d(
+                by_kind[kind],
+                batch_size=batch_size,
+                q_len=q_len,
+                kv_len=kv_len,
+                cache_position=cache_position,
+                dtype=self.dtype,
+            )
+            for kind, converter in mask_converters.items()
+        }
         if position_ids is None:
-            if attention_mask is not None and attention_mask.dim() == 2:
+            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
                 position_ids = position_ids_from_padding(attention_mask, cache_position)
             else:
                 position_ids = cache_position[None].expand(batch_size, q_len)
-        return AttentionInputs(mask, position_ids, cache_position, past_key_values)
+        key_positions = None
+        if with_key_positions:
+            key_positions = (
+                position_ids
+                if past_key_values is None
+                else past_key_values.update_positions(position_ids, cache_position)
+            )
+        return AttentionInputs(masks, position_ids, cache_position, past_key_values, key_positions)
 
     @staticmethod
     def embed_inputs(

@@ -48,8 +48,9 @@ class _Session:
     cache: StaticCache | DynamicCache
     cache_position: torch.Tensor  # [q_len]: slot(s) the next forward writes
     position_ids: torch.Tensor  # [batch, 1]: position of the next token
-    mask: torch.Tensor  # static: decode mask [batch, 1, 1, max_cache_len]; dynamic: 2D [batch, past]
-    converter: AttentionMaskConverter | None  # static only: owns `mask` and advances it
+    mask: torch.Tensor | dict[str, torch.Tensor]  # static: decode masks by kind [batch, 1, 1, max_cache_len];
+    # dynamic: the 2D padding mask [batch, past + 1]
+    converters: dict[str, AttentionMaskConverter] | None  # static only: own the decode masks, advance them
 
 
 class GenerationMixin:
@@ -175,23 +176,26 @@ class GenerationMixin:
         padding = torch.ones(batch, cache.max_cache_len, dtype=torch.bool, device=ids.device)
         padding[:, :padded_len] = prompt_mask.bool()
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [batch, padded_len]
-        converter = self._mask_converter()
+        converters = self._mask_converters()
         for start in range(0, padded_len, chunk):
             cache_position = torch.arange(start, start + chunk, device=ids.device)
-            mask = converter.to_4d(
-                padding, batch_size=batch, q_len=chunk, kv_len=cache.max_cache_len, cache_position=cache_position
-            )  # [batch, 1, chunk, max_cache_len]
+            masks = {
+                kind: converter.to_4d(
+                    padding, batch_size=batch, q_len=chunk, kv_len=cache.max_cache_len, cache_position=cache_position
+                )
+                for kind, converter in converters.items()
+            }  # per kind: [batch, 1, chunk, max_cache_len]
             logits = forward(
                 ids[:, start : start + chunk].contiguous(),  # contiguous: strides must not vary with prompt length
-                attention_mask=mask,
+                attention_mask=masks,
                 position_ids=positions[:, start : start + chunk].contiguous(),
                 past_key_values=cache,
                 cache_position=cache_position,
                 logits_to_keep=1,
             ).logits[:, -1]
         last = torch.tensor([padded_len - 1], device=ids.device)
-        decode_mask = converter.start_decoding(padding, last)
-        session = _Session(forward, cache, last + 1, positions[:, -1:] + 1, decode_mask, converter)
+        decode_masks = {kind: converter.start_decoding(padding, last) for kind, converter in converters.items()}
+        session = _Session(forward, cache, last + 1, positions[:, -1:] + 1, decode_masks, converters)
         return session, logits
 
     def _prefill_dynamic(
@@ -237,10 +241,10 @@ class GenerationMixin:
             self._generation_cache = cached
         return cached[1]
 
-    def _mask_converter(self) -> AttentionMaskConverter:
-        """A fresh converter of the same kind as the model's (its decode buffer belongs to this call)."""
-        model_converter = getattr(self, self.base_model_prefix).mask_converter
-        return AttentionMaskConverter(sliding_window=model_converter.sliding_window)
+    def _mask_converters(self) -> dict[str, AttentionMaskConverter]:
+        """Fresh converters of the model's mask kinds (their decode buffers belong to this call)."""
+        model_converters = getattr(self, self.base_model_prefix).mask_converters
+        return {kind: AttentionMaskConverter(c.sliding_window) for kind, c in model_converters.items()}
 
     # ------------------------------------------------------------------ decode
     def _decode(
@@ -272,8 +276,8 @@ class GenerationMixin:
 
     def _decode_one_token(self, session: _Session, token: torch.Tensor) -> torch.Tensor:
         """One forward for `token` `[batch]`; the step's inputs are advanced in place for the static path."""
-        if session.converter is not None:
-            mask = session.converter.advance(session.cache_position)
+        if session.converters is not None:
+            mask = {kind: c.advance(session.cache_position) for kind, c in session.converters.items()}
         else:
             session.mask = torch.cat([session.mask, session.mask.new_ones(session.mask.shape[0], 1)], dim=-1)
             mask = session.mask

@@ -10,7 +10,7 @@ from torch import nn
 from ...activations import get_activation
 from ...attention_utils import get_attention_function
 from ...cache_utils import Cache
-from ...modeling_attn_mask_utils import AttentionMaskConverter
+from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_outputs import BaseModelOutputWithPast
 from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
 from .configuration_gpt2 import GPT2Config
@@ -106,6 +106,7 @@ class GPT2Block(nn.Module):
 
     def __init__(self, config: GPT2Config, layer_idx: int) -> None:
         super().__init__()
+        self.attention_type = attention_type(config, layer_idx)
         inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.attn = GPT2Attention(config, layer_idx)
@@ -116,7 +117,7 @@ class GPT2Block(nn.Module):
         residual = hidden_states
         hidden_states = self.attn(
             self.ln_1(hidden_states),
-            attention_mask=inputs.attention_mask,
+            attention_mask=inputs.masks[self.attention_type],
             cache_position=inputs.cache_position,
             past_key_values=inputs.past_key_values,
         )
@@ -160,7 +161,7 @@ class GPT2Model(GPT2PreTrainedModel):
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
-        self.mask_converter = AttentionMaskConverter()
+        self.mask_converters = mask_converters(config)
         self.post_init()
 
     def forward(
@@ -178,7 +179,7 @@ class GPT2Model(GPT2PreTrainedModel):
         inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.wte)  # [batch, q_len, hidden]
         batch, q_len, _ = inputs_embeds.shape
         inputs = self.prepare_attention_inputs(
-            self.mask_converter,
+            self.mask_converters,
             batch_size=batch,
             q_len=q_len,
             device=inputs_embeds.device,

@@ -8,7 +8,7 @@ from torch import nn
 from ...activations import get_activation
 from ...attention_utils import get_attention_function
 from ...cache_utils import Cache
-from ...modeling_attn_mask_utils import AttentionMaskConverter
+from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_outputs import BaseModelOutputWithPast
 from ...modeling_rope_utils import compute_inv_freq
 from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
@@ -119,6 +119,7 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
         super().__init__()
+        self.attention_type = attention_type(config, layer_idx)
         self.self_attn = LlamaAttention(config, layer_idx)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -134,7 +135,7 @@ class LlamaDecoderLayer(nn.Module):
         hidden_states = self.self_attn(
             self.input_layernorm(hidden_states),
             position_embeddings,
-            attention_mask=inputs.attention_mask,
+            attention_mask=inputs.masks[self.attention_type],
             cache_position=inputs.cache_position,
             past_key_values=inputs.past_key_values,
         )
@@ -154,7 +155,7 @@ class LlamaModel(LlamaPreTrainedModel):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self.mask_converter = AttentionMaskConverter()
+        self.mask_converters = mask_converters(config)
         self.post_init()
 
     def forward(
@@ -170,7 +171,7 @@ class LlamaModel(LlamaPreTrainedModel):
         inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.embed_tokens)  # [batch, q_len, hidden]
         batch, q_len, _ = inputs_embeds.shape
         inputs = self.prepare_attention_inputs(
-            self.mask_converter,
+            self.mask_converters,
             batch_size=batch,
             q_len=q_len,
             device=inputs_embeds.device,

@@ -8,7 +8,7 @@ from torch import nn
 from ...activations import get_activation
 from ...attention_utils import get_attention_function
 from ...cache_utils import Cache
-from ...modeling_attn_mask_utils import AttentionMaskConverter
+from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_outputs import BaseModelOutputWithPast
 from ...modeling_rope_utils import compute_inv_freq
 from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
@@ -126,6 +126,7 @@ class MistralAttention(nn.Module):
 class MistralDecoderLayer(nn.Module):
     def __init__(self, config: MistralConfig, layer_idx: int) -> None:
         super().__init__()
+        self.attention_type = attention_type(config, layer_idx)
         self.self_attn = MistralAttention(config, layer_idx)
         self.mlp = MistralMLP(config)
         self.input_layernorm = MistralRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -141,7 +142,7 @@ class MistralDecoderLayer(nn.Module):
         hidden_states = self.self_attn(
             self.input_layernorm(hidden_states),
             position_embeddings,
-            attention_mask=inputs.attention_mask,
+            attention_mask=inputs.masks[self.attention_type],
             cache_position=inputs.cache_position,
             past_key_values=inputs.past_key_values,
         )
@@ -154,6 +155,7 @@ class MistralPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
 
 
+# Copied from transformers_static.models.llama.modeling_llama.LlamaModel with Llama->Mistral
 class MistralModel(MistralPreTrainedModel):
     def __init__(self, config: MistralConfig) -> None:
         super().__init__(config)
@@ -161,10 +163,9 @@ class MistralModel(MistralPreTrainedModel):
         self.layers = nn.ModuleList(MistralDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = MistralRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = MistralRotaryEmbedding(config)
-        self.mask_converter = AttentionMaskConverter(sliding_window=config.sliding_window)
+        self.mask_converters = mask_converters(config)
         self.post_init()
 
-    # Copied from transformers_static.models.llama.modeling_llama.LlamaModel.forward with Llama->Mistral
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -178,7 +179,7 @@ class MistralModel(MistralPreTrainedModel):
         inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.embed_tokens)  # [batch, q_len, hidden]
         batch, q_len, _ = inputs_embeds.shape
         inputs = self.prepare_attention_inputs(
-            self.mask_converter,
+            self.mask_converters,
             batch_size=batch,
             q_len=q_len,
             device=inputs_embeds.device,
