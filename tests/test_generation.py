@@ -4,13 +4,12 @@ import pytest
 import torch
 import torch._dynamo
 import transformers
-from torch._dynamo.testing import CompileCounter
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from transformers_static import AutoModelForCausalLM, GenerationConfig, StaticCache
 from transformers_static.generation.logits_process import filter_logits
 
-from .models.causal_lm_tester import generation_prompt
+from .models.causal_lm_tester import count_graphs, generation_prompt
 
 VOCAB = 64
 
@@ -150,40 +149,6 @@ def test_bad_input_gives_clear_errors(checkpoints: dict[str, str], llama) -> Non
     gpt2 = AutoModelForCausalLM.from_pretrained(checkpoints["gpt2"])
     with pytest.raises(ValueError, match="43 positions requested .* position table has 40"):
         gpt2.generate(ids, max_new_tokens=40)
-
-
-def count_graphs(model, calls: list[dict], *, then_no_recompile: bool = False) -> tuple[list[int], list[torch.Tensor]]:
-    """Graphs compiled after each generate call, with the user's own `torch.compile` of the forward; with
-    `then_no_recompile`, any recompile after the first call raises (dynamo's error_on_recompile)."""
-    torch._dynamo.reset()
-    counter = CompileCounter()
-    eager_forward = model.forward
-    model.forward = torch.compile(eager_forward, backend=counter, fullgraph=True, dynamic=False)
-    counts, outputs = [], []
-    try:
-        for i, call in enumerate(calls):
-            with torch._dynamo.config.patch(error_on_recompile=then_no_recompile and i > 0):
-                outputs.append(model.generate(**call))
-            counts.append(counter.frame_count)
-    finally:
-        model.forward = eager_forward
-        torch._dynamo.reset()
-    return counts, outputs
-
-
-@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2"])
-def test_static_generate_compiles_two_graphs_then_none(checkpoints: dict[str, str], arch: str) -> None:
-    model = AutoModelForCausalLM.from_pretrained(checkpoints[arch])
-    ids, mask = generation_prompt(VOCAB)
-    calls = [
-        dict(input_ids=ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None),
-        dict(input_ids=ids[:, 3:], attention_mask=mask[:, 3:], max_new_tokens=5, eos_token_id=None),  # shorter prompt
-        dict(input_ids=torch.randint(3, VOCAB, (3, 35)), max_new_tokens=4, eos_token_id=None),  # two prefill chunks
-    ]
-    counts, outputs = count_graphs(model, calls, then_no_recompile=True)
-    assert counts == [2, 2, 2], "prefill and decode on the first call, whatever max_new_tokens is; none after"
-    for call, compiled in zip(calls, outputs, strict=True):
-        assert torch.equal(compiled, model.generate(**call)), "compiled tokens must equal eager tokens"
 
 
 def test_classic_growing_mask_compiles_a_graph_per_step(llama) -> None:

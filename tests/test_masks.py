@@ -174,3 +174,14 @@ def test_one_converter_per_mask_kind() -> None:
     assert {kind: c.sliding_window for kind, c in mask_converters(all_sliding).items()} == {"sliding_attention": 4}
     full = SimpleNamespace(num_hidden_layers=2, sliding_window=None)
     assert list(mask_converters(full)) == ["full_attention"]
+
+
+def test_bias_is_folded_into_the_mask() -> None:
+    mask = AttentionMaskConverter().to_4d(None, batch_size=1, q_len=2, kv_len=2, cache_position=torch.arange(2))
+    bias = torch.tensor([[[[0.5, -1.0], [0.5, -1.0]]]]).expand(1, 3, 2, 2)  # [batch, heads, q_len, kv_len]
+    folded = AttentionMaskConverter.with_bias(mask, bias, torch.float16)
+    lowest = torch.finfo(torch.float16).min
+    assert folded.shape == (1, 3, 2, 2) and folded.dtype == torch.float16
+    assert folded[0, 2].tolist() == [[0.5, lowest], [0.5, -1.0]]
+    additive = torch.zeros(1, 1, 2, 2).masked_fill(~mask, torch.finfo(torch.float32).min)
+    assert torch.equal(AttentionMaskConverter.with_bias(additive, bias, torch.float16), folded)

@@ -93,6 +93,15 @@ class AttentionMaskConverter:
             self.decode_mask.index_fill_(-1, leaving, False)
         return self.decode_mask
 
+    @staticmethod
+    def with_bias(mask: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Fold a score bias (ALiBi) into a mask: additive `[batch, heads, q_len, kv_len]`, `bias` where the mask
+        allows and the dtype's lowest value where it does not (finite, so no row can become NaN)."""
+        lowest = torch.finfo(dtype).min
+        if mask.dtype == torch.bool:
+            return bias.to(dtype).masked_fill(~mask, lowest)
+        return (mask.to(dtype) + bias.to(dtype)).clamp(min=lowest)
+
     def _causal(self, cache_position: torch.Tensor, kv_len: int) -> torch.Tensor:
         """Causal (and windowed) bool mask `[q_len, kv_len]` for queries at `cache_position`."""
         kv_idx = torch.arange(kv_len, device=cache_position.device)[None, :]

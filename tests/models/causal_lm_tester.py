@@ -11,7 +11,9 @@ import tempfile
 from typing import Any, ClassVar
 
 import torch
+import torch._dynamo
 from parameterized import parameterized
+from torch._dynamo.testing import CompileCounter
 
 from transformers_static import AutoModelForCausalLM, DynamicCache, StaticCache
 
@@ -174,6 +176,56 @@ class CausalLMParityTests:
         )
         torch.testing.assert_close(ours, expected, rtol=0, atol=0)
         self.assertEqual(int(ours[0, -1]), 0, "a row that hit EOS must be padded with pad_token_id")
+
+    def test_static_generate_compiles_two_graphs_then_none(self) -> None:
+        """Counted with the user's own torch.compile(forward, fullgraph=True, dynamic=False), backend counting."""
+        ids, mask = generation_prompt(self.vocab_size)
+        calls = [
+            dict(input_ids=ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None),
+            dict(input_ids=ids[:, 3:], attention_mask=mask[:, 3:], max_new_tokens=5, eos_token_id=None),
+            dict(input_ids=torch.randint(3, self.vocab_size, (3, 35)), max_new_tokens=4, eos_token_id=None),
+        ]
+        model = self.models["sdpa"]
+        counts, outputs = count_graphs(model, calls, then_no_recompile=True)
+        self.assertEqual(
+            counts, [2, 2, 2], "prefill and decode on the first call, whatever max_new_tokens; none after"
+        )
+        for call, compiled in zip(calls, outputs, strict=True):
+            torch.testing.assert_close(compiled, model.generate(**call), rtol=0, atol=0)
+
+    @parameterized.expand([(impl,) for impl in IMPLS])
+    def test_packed_4d_mask_equals_separate_sequences(self, impl: str) -> None:
+        """Two sequences in one row: block-diagonal causal mask, positions restarting at the second."""
+        first, second = self.input_ids[0, :4], self.input_ids[1, :5]
+        packed_ids = torch.cat([first, second])[None]  # [1, 9]
+        segment = torch.tensor([0] * 4 + [1] * 5)
+        mask = reference_4d(torch.ones(1, 9, dtype=torch.long), "4d_bool", window=self.sliding_window)
+        mask = mask & (segment[:, None] == segment[None, :])  # [1, 1, 9, 9]
+        position_ids = torch.cat([torch.arange(4), torch.arange(5)])[None]
+        model = self.models[impl]
+        with torch.no_grad():
+            packed = model(packed_ids, attention_mask=mask, position_ids=position_ids).logits[0]
+            alone = [model(seq[None]).logits[0] for seq in (first, second)]
+        torch.testing.assert_close(packed, torch.cat(alone), atol=ATOL, rtol=0)
+
+
+def count_graphs(model, calls: list[dict], *, then_no_recompile: bool = False) -> tuple[list[int], list[torch.Tensor]]:
+    """Graphs compiled after each generate call, with the user's own `torch.compile` of the forward; with
+    `then_no_recompile`, any recompile after the first call raises (dynamo's error_on_recompile)."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    eager_forward = model.forward
+    model.forward = torch.compile(eager_forward, backend=counter, fullgraph=True, dynamic=False)
+    counts, outputs = [], []
+    try:
+        for i, call in enumerate(calls):
+            with torch._dynamo.config.patch(error_on_recompile=then_no_recompile and i > 0):
+                outputs.append(model.generate(**call))
+            counts.append(counter.frame_count)
+    finally:
+        model.forward = eager_forward
+        torch._dynamo.reset()
+    return counts, outputs
 
 
 def generation_prompt(
