@@ -9,9 +9,18 @@ from typing import Any
 from ...configuration_utils import PretrainedConfig, load_config_dict
 
 CONFIG_MAPPING_NAMES = {
+    "bloom": "BloomConfig",
+    "falcon": "FalconConfig",
+    "gemma": "GemmaConfig",
+    "gemma2": "Gemma2Config",
     "gpt2": "GPT2Config",
+    "gpt_neox": "GPTNeoXConfig",
+    "gptj": "GPTJConfig",
     "llama": "LlamaConfig",
     "mistral": "MistralConfig",
+    "opt": "OPTConfig",
+    "phi": "PhiConfig",
+    "qwen2": "Qwen2Config",
 }
 
 

@@ -10,15 +10,33 @@ from ...modeling_utils import PreTrainedModel
 from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
+    "bloom": "BloomModel",
+    "falcon": "FalconModel",
+    "gemma": "GemmaModel",
+    "gemma2": "Gemma2Model",
     "gpt2": "GPT2Model",
+    "gpt_neox": "GPTNeoXModel",
+    "gptj": "GPTJModel",
     "llama": "LlamaModel",
     "mistral": "MistralModel",
+    "opt": "OPTModel",
+    "phi": "PhiModel",
+    "qwen2": "Qwen2Model",
 }
 
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
+    "bloom": "BloomForCausalLM",
+    "falcon": "FalconForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
     "gpt2": "GPT2LMHeadModel",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "gptj": "GPTJForCausalLM",
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "opt": "OPTForCausalLM",
+    "phi": "PhiForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
 }
 
 
