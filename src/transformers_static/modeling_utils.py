@@ -54,6 +54,8 @@ class PreTrainedModel(nn.Module):
     _tied_weights_keys: ClassVar[dict[str, str]] = {}
     # Checkpoint keys dropped silently (buffers older upstream versions saved).
     _keys_to_ignore_on_load_unexpected: ClassVar[list[str]] = []
+    # Length of a learned position table (GPT-2, OPT): positions must stay below it. None: no table (RoPE, ALiBi).
+    max_positions: int | None = None
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()

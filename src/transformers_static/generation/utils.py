@@ -57,6 +57,7 @@ class GenerationMixin:
     """Adds `generate` to a causal-LM model (anything whose forward follows CausalLMMixin's signature)."""
 
     generation_config: GenerationConfig
+    max_positions: int | None
 
     @torch.no_grad()
     def generate(
@@ -144,7 +145,7 @@ class GenerationMixin:
         return attention_mask.long()
 
     def _check_position_table(self, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
-        limit = getattr(self, "max_positions", None)
+        limit = self.max_positions
         if limit is None:
             return
         longest = int(attention_mask.sum(-1).max()) + max_new_tokens
