@@ -63,10 +63,26 @@ class CausalLMParityTests:
     upstream_config_class: ClassVar[Any]
     config_kwargs: ClassVar[dict[str, Any]]
     vocab_size: ClassVar[int] = 99
+    # Layers of different mask kinds (Qwen2's max_window_layers): one 4D mask is used as given by every layer, so
+    # no 2D mask is its equal. The 4D cases then compare against upstream given the same 4D mask (as given to every
+    # layer there too), and the packed test runs each sequence alone with its own 4D mask.
+    mixed_layer_kinds: ClassVar[bool] = False
+    # The attention kernels the model supports (Gemma2, which refuses sdpa, narrows it to ("eager",)): matrix
+    # cells of the others are skipped, and tests that need one kernel use `default_impl`.
+    attn_implementations: ClassVar[tuple[str, ...]] = tuple(IMPLS)
 
     @property
     def sliding_window(self) -> int | None:
         return self.config_kwargs.get("sliding_window")
+
+    @property
+    def default_impl(self) -> str:
+        """sdpa where the model supports it, else its first kernel."""
+        return "sdpa" if "sdpa" in self.attn_implementations else self.attn_implementations[0]
+
+    def skip_unsupported(self, impl: str) -> None:
+        if impl not in self.attn_implementations:
+            self.skipTest(f"{impl} is not supported by this model")
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -76,7 +92,8 @@ class CausalLMParityTests:
         cls.upstream = cls.upstream_model_class(config).eval()
         cls.upstream.save_pretrained(cls.tmpdir)
         cls.models = {
-            impl: AutoModelForCausalLM.from_pretrained(cls.tmpdir, attn_implementation=impl) for impl in IMPLS
+            impl: AutoModelForCausalLM.from_pretrained(cls.tmpdir, attn_implementation=impl)
+            for impl in cls.attn_implementations
         }
         generator = torch.Generator().manual_seed(1)
         cls.input_ids = torch.randint(0, cls.vocab_size, (3, SEQ_LEN), generator=generator)
@@ -85,10 +102,13 @@ class CausalLMParityTests:
     def tearDownClass(cls) -> None:
         shutil.rmtree(cls.tmpdir, ignore_errors=True)
 
-    def upstream_logits(self, mask_2d: torch.Tensor, impl: str = "sdpa") -> torch.Tensor:
-        self.upstream.set_attn_implementation(impl)
+    def upstream_logits(self, mask_2d: torch.Tensor, impl: str | None = None, four_d: bool = False) -> torch.Tensor:
+        """Upstream's answer to `mask_2d`; with `four_d`, to its 4D equivalent (additive: upstream's eager adds a
+        bool mask as 0/1)."""
+        mask = reference_4d(mask_2d, "4d_additive", window=self.sliding_window) if four_d else mask_2d
+        self.upstream.set_attn_implementation(impl or self.default_impl)
         with torch.no_grad():
-            return self.upstream(self.input_ids, attention_mask=mask_2d, position_ids=positions(mask_2d)).logits
+            return self.upstream(self.input_ids, attention_mask=mask, position_ids=positions(mask_2d)).logits
 
     def assert_close_on_real_tokens(self, ours: torch.Tensor, theirs: torch.Tensor, mask_2d: torch.Tensor) -> None:
         real = mask_2d.bool()
@@ -96,9 +116,11 @@ class CausalLMParityTests:
 
     @parameterized.expand(MATRIX)
     def test_logits_match_upstream(self, impl: str, padding: str, kind: str) -> None:
+        self.skip_unsupported(impl)
         mask_2d = padding_mask(PADDINGS[padding], SEQ_LEN)
-        # Upstream's eager kernel adds a bool mask as 0/1, so its answer to the 2D mask is the reference for all.
-        expected = self.upstream_logits(mask_2d, impl)
+        # Upstream's eager kernel adds a bool mask as 0/1, so its answer to the 2D mask is the reference for all
+        # (for mixed_layer_kinds, its answer to the additive 4D mask is the reference for the 4D kinds).
+        expected = self.upstream_logits(mask_2d, impl, four_d=self.mixed_layer_kinds and kind != "2d")
         with torch.no_grad():
             if kind == "2d":
                 logits = self.models[impl](self.input_ids, attention_mask=mask_2d).logits
@@ -109,8 +131,9 @@ class CausalLMParityTests:
 
     @parameterized.expand([(i, c, k) for i in IMPLS for c in ("static", "dynamic") for k in ("2d", "4d_bool")])
     def test_step_by_step_decoding_matches_upstream_full_forward(self, impl: str, cache_kind: str, kind: str) -> None:
+        self.skip_unsupported(impl)
         mask_2d = padding_mask(PADDINGS["left_padding"], SEQ_LEN)
-        expected = self.upstream_logits(mask_2d, impl)
+        expected = self.upstream_logits(mask_2d, impl, four_d=self.mixed_layer_kinds and kind != "2d")
         model, prefill = self.models[impl], 5
         cache = StaticCache(model.config, 3, 16) if cache_kind == "static" else DynamicCache()
         kv_len = 16 if cache_kind == "static" else None
@@ -138,7 +161,7 @@ class CausalLMParityTests:
     def test_save_pretrained_loads_in_upstream(self) -> None:
         mask_2d = padding_mask(PADDINGS["left_padding"], SEQ_LEN)
         with tempfile.TemporaryDirectory() as out:
-            self.models["sdpa"].save_pretrained(out, max_shard_size=20_000)  # forces a sharded checkpoint
+            self.models[self.default_impl].save_pretrained(out, max_shard_size=20_000)  # forces a sharded checkpoint
             reloaded = self.upstream_model_class.from_pretrained(out).eval()
             ours_again = AutoModelForCausalLM.from_pretrained(out)
         with torch.no_grad():
@@ -149,7 +172,7 @@ class CausalLMParityTests:
         self.assert_close_on_real_tokens(ours, expected, mask_2d)
 
     def test_tied_embeddings_follow_the_config(self) -> None:
-        model = self.models["sdpa"]
+        model = self.models[self.default_impl]
         for target, source in model._tied_weights_keys.items():
             tied = model.get_parameter(target) is model.get_parameter(source)
             self.assertEqual(tied, bool(model.config.tie_word_embeddings))
@@ -158,7 +181,7 @@ class CausalLMParityTests:
     def test_greedy_generate_matches_upstream(self, cache_implementation: str) -> None:
         """Batch of 3 left-padded by 0, 4 and 7, with an EOS that one row reaches mid-way."""
         ids, mask = generation_prompt(self.vocab_size)
-        self.upstream.set_attn_implementation("sdpa")
+        self.upstream.set_attn_implementation(self.default_impl)
         free_run = self.upstream.generate(
             ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None
         )
@@ -166,7 +189,7 @@ class CausalLMParityTests:
         expected = self.upstream.generate(
             ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0
         )
-        ours = self.models["sdpa"].generate(
+        ours = self.models[self.default_impl].generate(
             ids,
             attention_mask=mask,
             max_new_tokens=12,
@@ -185,7 +208,7 @@ class CausalLMParityTests:
             dict(input_ids=ids[:, 3:], attention_mask=mask[:, 3:], max_new_tokens=5, eos_token_id=None),
             dict(input_ids=torch.randint(3, self.vocab_size, (3, 35)), max_new_tokens=4, eos_token_id=None),
         ]
-        model = self.models["sdpa"]
+        model = self.models[self.default_impl]
         counts, outputs = count_graphs(model, calls, then_no_recompile=True)
         self.assertEqual(
             counts, [2, 2, 2], "prefill and decode on the first call, whatever max_new_tokens; none after"
@@ -196,6 +219,7 @@ class CausalLMParityTests:
     @parameterized.expand([(impl,) for impl in IMPLS])
     def test_packed_4d_mask_equals_separate_sequences(self, impl: str) -> None:
         """Two sequences in one row: block-diagonal causal mask, positions restarting at the second."""
+        self.skip_unsupported(impl)
         first, second = self.input_ids[0, :4], self.input_ids[1, :5]
         packed_ids = torch.cat([first, second])[None]  # [1, 9]
         segment = torch.tensor([0] * 4 + [1] * 5)
@@ -205,8 +229,14 @@ class CausalLMParityTests:
         model = self.models[impl]
         with torch.no_grad():
             packed = model(packed_ids, attention_mask=mask, position_ids=position_ids).logits[0]
-            alone = [model(seq[None]).logits[0] for seq in (first, second)]
+            alone = [model(seq[None], attention_mask=self._alone_mask(len(seq))).logits[0] for seq in (first, second)]
         torch.testing.assert_close(packed, torch.cat(alone), atol=ATOL, rtol=0)
+
+    def _alone_mask(self, seq_len: int) -> torch.Tensor | None:
+        """No mask, or for `mixed_layer_kinds` the 4D mask the packed row gives that sequence."""
+        if not self.mixed_layer_kinds:
+            return None
+        return reference_4d(torch.ones(1, seq_len, dtype=torch.long), "4d_bool", window=self.sliding_window)
 
 
 def count_graphs(model, calls: list[dict], *, then_no_recompile: bool = False) -> tuple[list[int], list[torch.Tensor]]:
