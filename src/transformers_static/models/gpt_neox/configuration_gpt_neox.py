@@ -1,0 +1,92 @@
+"""GPT-NeoX configuration, with upstream's field names and defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...configuration_utils import PretrainedConfig
+from ...modeling_rope_utils import standardize_rope_parameters
+
+
+class GPTNeoXConfig(PretrainedConfig):
+    """Configuration of a GPT-NeoX model (Pythia, GPT-NeoX-20B).
+
+    The fraction of each head that rotates is `rope_parameters["partial_rotary_factor"]`, as upstream 5.x stores
+    it; older config.json files spell it `rotary_pct` (and the rotary base `rotary_emb_base`), both accepted here.
+    """
+
+    model_type = "gpt_neox"
+
+    def __init__(
+        self,
+        vocab_size: int = 50432,
+        hidden_size: int = 6144,
+        num_hidden_layers: int = 44,
+        num_attention_heads: int = 64,
+        intermediate_size: int = 24576,
+        hidden_act: str = "gelu",
+        attention_dropout: float = 0.0,
+        hidden_dropout: float = 0.0,
+        classifier_dropout: float = 0.1,
+        max_position_embeddings: int = 2048,
+        initializer_range: float = 0.02,
+        layer_norm_eps: float = 1e-5,
+        bos_token_id: int | None = 0,
+        eos_token_id: int | list[int] | None = 2,
+        tie_word_embeddings: bool = False,
+        use_parallel_residual: bool = True,
+        rope_parameters: dict[str, Any] | None = None,
+        attention_bias: bool = True,
+        is_decoder: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        # Older checkpoints: rotary_pct, rotary_emb_base (or rope_theta) and rope_scaling beside the other fields.
+        rotary_pct = kwargs.pop("rotary_pct", 0.25)
+        rope_theta = kwargs.pop("rope_theta", kwargs.pop("rotary_emb_base", None))
+        rope_parameters = standardize_rope_parameters(rope_parameters, rope_theta, kwargs.pop("rope_scaling", None))
+        rope_parameters.setdefault("partial_rotary_factor", rotary_pct)
+        super().__init__(
+            bos_token_id=bos_token_id, eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs
+        )
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.attention_dropout = attention_dropout
+        self.hidden_dropout = hidden_dropout
+        self.classifier_dropout = classifier_dropout
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        self.use_parallel_residual = use_parallel_residual
+        self.rope_parameters = rope_parameters
+        self.attention_bias = attention_bias
+        self.is_decoder = is_decoder
+        self.validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_ndims(self) -> int:
+        """How many leading dims of each head rotate: `int(head_dim * partial_rotary_factor)`, as upstream."""
+        return int(self.head_dim * self.rope_parameters["partial_rotary_factor"])
+
+    def validate(self) -> None:
+        """Raise a ValueError for a configuration this library cannot build (also run at model init, as configs
+        are mutable)."""
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})"
+            )
+        factor = self.rope_parameters["partial_rotary_factor"]
+        if not 0 < factor <= 1:
+            raise ValueError(f"partial_rotary_factor (rotary_pct) must lie in (0, 1], got {factor}")
+        if self.rotary_ndims % 2 or self.rotary_ndims == 0:
+            raise ValueError(
+                f"rotary dims int(head_dim ({self.head_dim}) * partial_rotary_factor ({factor})) = {self.rotary_ndims} "
+                "must be even and positive: rotary positions rotate pairs of dims"
+            )

@@ -1,0 +1,232 @@
+"""GPT-NeoX: rotary positions over the first `rotary_ndims` dims of each head, query/key/value packed per head in
+one projection, LayerNorm blocks with a parallel (`x + attn(ln1(x)) + mlp(ln2(x))`) or sequential residual."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...activations import get_activation
+from ...attention_utils import get_attention_function
+from ...cache_utils import Cache
+from ...modeling_attn_mask_utils import attention_type, mask_converters
+from ...modeling_outputs import BaseModelOutputWithPast
+from ...modeling_rope_utils import compute_inv_freq
+from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
+from .configuration_gpt_neox import GPTNeoXConfig
+
+
+class GPTNeoXMLP(nn.Module):
+    def __init__(self, config: GPTNeoXConfig) -> None:
+        super().__init__()
+        self.dense_h_to_4h = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.dense_4h_to_h = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = get_activation(config.hidden_act)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(self.act(self.dense_h_to_4h(hidden_states)))
+
+
+class GPTNeoXRotaryEmbedding(nn.Module):
+    """cos/sin tables `[batch, q_len, rotary_ndims]` for the given positions, computed in float32: only the first
+    `rotary_ndims` dims of each head rotate."""
+
+    def __init__(self, config: GPTNeoXConfig) -> None:
+        super().__init__()
+        inv_freq = compute_inv_freq(config.rope_parameters, config.rotary_ndims)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [rotary_ndims // 2]
+
+    # Copied from transformers_static.models.llama.modeling_llama.LlamaRotaryEmbedding.forward with head_dim->rotary_ndims
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]  # [batch, q_len, rotary_ndims // 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [batch, q_len, rotary_ndims]
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+# Copied from transformers_static.models.llama.modeling_llama.rotate_half
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Rotates half the hidden dims of the input."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+# Copied from transformers_static.models.llama.modeling_llama.apply_rotary_pos_emb
+def apply_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries `[batch, heads, q_len, head_dim]` and keys by cos/sin `[batch, q_len, head_dim]`."""
+    cos, sin = cos[:, None], sin[:, None]  # [batch, 1, q_len, head_dim]
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def apply_partial_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate the first `rotary_ndims` dims of queries `[batch, heads, q_len, head_dim]` and keys by cos/sin
+    `[batch, q_len, rotary_ndims]`; the other dims pass through unchanged."""
+    rotary_ndims = cos.shape[-1]
+    q_rot, k_rot = apply_rotary_pos_emb(q[..., :rotary_ndims], k[..., :rotary_ndims], cos, sin)
+    q = torch.cat((q_rot, q[..., rotary_ndims:]), dim=-1)  # [batch, heads, q_len, head_dim]
+    k = torch.cat((k_rot, k[..., rotary_ndims:]), dim=-1)
+    return q, k
+
+
+class GPTNeoXAttention(nn.Module):
+    """Self-attention over one `query_key_value` projection whose output is packed per head: for each head,
+    its query, key and value side by side (`[heads, 3 * head_dim]`), not all queries then all keys."""
+
+    def __init__(self, config: GPTNeoXConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_size = config.head_dim
+        self.scaling = self.head_size**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.query_key_value = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor,
+        cache_position: torch.Tensor,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        batch, q_len, _ = hidden_states.shape
+        qkv = self.query_key_value(hidden_states).view(batch, q_len, -1, 3 * self.head_size)
+        qkv = qkv.transpose(1, 2)  # [batch, heads, q_len, 3 * head_dim]
+        query, key, value = qkv.chunk(3, dim=-1)  # each [batch, heads, q_len, head_dim]
+
+        cos, sin = position_embeddings
+        query, key = apply_partial_rotary_pos_emb(query, key, cos, sin)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx, cache_position)  # [.., kv_len, ..]
+
+        attention = get_attention_function(self.config._attn_implementation)
+        attn_output, _ = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )  # [batch, q_len, heads, head_dim]
+        return self.dense(attn_output.reshape(batch, q_len, -1))  # [batch, q_len, hidden]
+
+
+class GPTNeoXLayer(nn.Module):
+    """Parallel residual: `x + attn(ln1(x)) + mlp(ln2(x))`; sequential: `h = x + attn(ln1(x))`, `h + mlp(ln2(h))`."""
+
+    def __init__(self, config: GPTNeoXConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attention_type = attention_type(config, layer_idx)
+        self.use_parallel_residual = config.use_parallel_residual
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_attention_dropout = nn.Dropout(config.hidden_dropout)
+        self.post_mlp_dropout = nn.Dropout(config.hidden_dropout)
+        self.attention = GPTNeoXAttention(config, layer_idx)
+        self.mlp = GPTNeoXMLP(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        inputs: AttentionInputs,
+    ) -> torch.Tensor:
+        attn_output = self.attention(
+            self.input_layernorm(hidden_states),
+            position_embeddings,
+            attention_mask=inputs.masks[self.attention_type],
+            cache_position=inputs.cache_position,
+            past_key_values=inputs.past_key_values,
+        )
+        attn_output = self.post_attention_dropout(attn_output)
+        if self.use_parallel_residual:
+            mlp_output = self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(hidden_states)))
+            return mlp_output + attn_output + hidden_states
+        attn_output = attn_output + hidden_states
+        return self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(attn_output))) + attn_output
+
+
+class GPTNeoXPreTrainedModel(PreTrainedModel):
+    config_class = GPTNeoXConfig
+    base_model_prefix = "gpt_neox"
+    # Older checkpoints saved the causal-mask buffers and each layer's rotary inverse frequencies.
+    _keys_to_ignore_on_load_unexpected = [
+        r"\.attention\.bias$",
+        r"\.attention\.masked_bias$",
+        r"\.attention\.rotary_emb\.inv_freq$",
+    ]
+
+    def __init__(self, config: GPTNeoXConfig) -> None:
+        super().__init__(config)
+        config.validate()
+
+
+class GPTNeoXModel(GPTNeoXPreTrainedModel):
+    def __init__(self, config: GPTNeoXConfig) -> None:
+        super().__init__(config)
+        self.embed_in = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.emb_dropout = nn.Dropout(config.hidden_dropout)
+        self.layers = nn.ModuleList(GPTNeoXLayer(config, i) for i in range(config.num_hidden_layers))
+        self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.rotary_emb = GPTNeoXRotaryEmbedding(config)
+        self.mask_converters = mask_converters(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        cache_position: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> BaseModelOutputWithPast:
+        inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.embed_in)  # [batch, q_len, hidden]
+        batch, q_len, _ = inputs_embeds.shape
+        inputs = self.prepare_attention_inputs(
+            self.mask_converters,
+            batch_size=batch,
+            q_len=q_len,
+            device=inputs_embeds.device,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            cache_position=cache_position,
+            use_cache=use_cache,
+        )
+        hidden_states = self.emb_dropout(inputs_embeds)
+        position_embeddings = self.rotary_emb(hidden_states, inputs.position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, position_embeddings, inputs)
+        hidden_states = self.final_layer_norm(hidden_states)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=inputs.past_key_values)
+
+
+class GPTNeoXForCausalLM(CausalLMMixin, GPTNeoXPreTrainedModel):
+    """GPT-NeoX with its output projection `embed_out`, the name every checkpoint (and upstream's save_pretrained)
+    uses, so they load unchanged; `lm_head` is the same module under the name CausalLMMixin calls (and the name
+    upstream gives it in memory, accepted in a checkpoint too)."""
+
+    _tied_weights_keys = {"embed_out.weight": "gpt_neox.embed_in.weight"}
+
+    def __init__(self, config: GPTNeoXConfig) -> None:
+        super().__init__(config)
+        self.gpt_neox = GPTNeoXModel(config)
+        self.embed_out = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.embed_out
+
+    def load_checkpoint_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Also accept the head under upstream's in-memory name `lm_head.weight` (a state dict saved as is)."""
+        state_dict = {("embed_out.weight" if k == "lm_head.weight" else k): v for k, v in state_dict.items()}
+        super().load_checkpoint_state_dict(state_dict)
