@@ -54,8 +54,10 @@ class PreTrainedModel(nn.Module):
     _tied_weights_keys: ClassVar[dict[str, str]] = {}
     # Checkpoint keys dropped silently (buffers older upstream versions saved).
     _keys_to_ignore_on_load_unexpected: ClassVar[list[str]] = []
-    # Length of a learned position table (GPT-2, OPT): positions must stay below it. None: no table (RoPE, ALiBi).
+    # Length of a position table (GPT-2, OPT, GPT-J): positions must stay below it. None: no table (RoPE, ALiBi).
     max_positions: int | None = None
+    # The lowest position id the table takes (OPT's offset rows hold upstream's padding position -1).
+    min_position: ClassVar[int] = 0
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
@@ -132,6 +134,8 @@ class PreTrainedModel(nn.Module):
                 position_ids = position_ids_from_padding(attention_mask, cache_position)
             else:
                 position_ids = cache_position[None].expand(batch_size, q_len)
+        if not torch.compiler.is_compiling():  # before any cache write; generate sizes compiled calls up front
+            self._check_position_table(position_ids)
         key_positions = None
         if with_key_positions:
             key_positions = (
@@ -140,6 +144,18 @@ class PreTrainedModel(nn.Module):
                 else past_key_values.update_positions(position_ids, cache_position)
             )
         return AttentionInputs(masks, position_ids, cache_position, past_key_values, key_positions)
+
+    def _check_position_table(self, position_ids: torch.Tensor) -> None:
+        """A clear ValueError for positions outside the model's position table (one host read)."""
+        if self.max_positions is None or not position_ids.numel():
+            return
+        low, high = torch.stack(torch.aminmax(position_ids)).tolist()
+        if low < self.min_position or high >= self.max_positions:
+            raise ValueError(
+                f"position_ids span {low}..{high}, outside {type(self).__name__}'s position table of "
+                f"{self.max_positions} positions (valid positions {self.min_position}..{self.max_positions - 1}; "
+                "config n_positions / max_position_embeddings)"
+            )
 
     @staticmethod
     def embed_inputs(

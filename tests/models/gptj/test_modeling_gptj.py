@@ -77,7 +77,7 @@ class GPTJPositionTableTest(unittest.TestCase):
     def test_positions_past_the_table_raise(self) -> None:
         cache = StaticCache(self.model.config, 1, 32)
         ids = torch.randint(0, 99, (1, 2))
-        with self.assertRaisesRegex(ValueError, "n_positions=24"):
+        with self.assertRaisesRegex(ValueError, "position table of 24 positions"):
             self.model(
                 ids, position_ids=torch.tensor([[23, 24]]), past_key_values=cache, cache_position=torch.arange(2)
             )

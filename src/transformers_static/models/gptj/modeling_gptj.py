@@ -200,11 +200,6 @@ class GPTJModel(GPTJPreTrainedModel):
             use_cache=use_cache,
         )
         # One host read per forward; compiled code skips it (generate checks positions against the table up front).
-        if not torch.compiler.is_compiling() and q_len and int(inputs.position_ids.max()) >= self.max_positions:
-            raise ValueError(
-                f"position_ids reach {int(inputs.position_ids.max())}, past GPT-J's sinusoidal position table: "
-                f"n_positions={self.max_positions} (valid positions 0..{self.max_positions - 1})"
-            )
         hidden_states = self.drop(inputs_embeds)
         position_embeddings = self.rotary_emb(hidden_states, inputs.position_ids)
         for block in self.h:
