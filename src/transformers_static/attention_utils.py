@@ -1,10 +1,11 @@
 """Attention kernels behind one registry and one signature.
 
-    fn(module, query, key, value, attention_mask, scaling, dropout) -> (attn_output, attn_weights | None)
+    fn(module, query, key, value, attention_mask, scaling, dropout, softcap) -> (attn_output, attn_weights | None)
 
 query `[batch, heads, q_len, head_dim]`, key/value `[batch, kv_heads, kv_len, head_dim]`, attention_mask
 `[batch, 1, q_len, kv_len]` (bool, True = attend, or additive float) made by AttentionMaskConverter.
-attn_output is `[batch, q_len, heads, head_dim]`. Grouped key/value heads are repeated here, once.
+attn_output is `[batch, q_len, heads, head_dim]`. Grouped key/value heads are repeated here, once. `softcap`
+(Gemma2) squashes scores to `tanh(s / cap) * cap` before the mask; only the eager kernel can do it.
 """
 
 from __future__ import annotations
@@ -35,11 +36,15 @@ def eager_attention(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores in the model dtype, masked and softmaxed in float32 (fp16/bf16-safe: no -inf, no NaN rows)."""
+    """Scores in the model dtype (soft-capped there, as upstream), masked and softmaxed in float32
+    (fp16/bf16-safe: no -inf, no NaN rows)."""
     n_rep = query.shape[1] // key.shape[1]
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [batch, heads, q_len, kv_len]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.float()
     if attention_mask is not None:
         lowest = torch.finfo(torch.float32).min
@@ -61,10 +66,13 @@ def sdpa_attention(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, None]:
     """torch's scaled_dot_product_attention with the explicit mask (never `is_causal`: one graph for all shapes).
 
     A query row with no key to attend to (a left-padding position) comes out as zeros, not NaN."""
+    if softcap is not None:
+        raise ValueError("sdpa cannot soft-cap attention scores: use attn_implementation='eager'")
     n_rep = query.shape[1] // key.shape[1]
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     if attention_mask is not None and attention_mask.dtype != torch.bool:

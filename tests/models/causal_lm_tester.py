@@ -80,9 +80,13 @@ class CausalLMParityTests:
         """sdpa where the model supports it, else its first kernel."""
         return "sdpa" if "sdpa" in self.attn_implementations else self.attn_implementations[0]
 
-    def skip_unsupported(self, impl: str) -> None:
-        if impl not in self.attn_implementations:
-            self.skipTest(f"{impl} is not supported by this model")
+    def refused(self, impl: str) -> bool:
+        """For a kernel the model does not support, assert that asking for it is refused; True then."""
+        if impl in self.attn_implementations:
+            return False
+        with self.assertRaises(ValueError):
+            AutoModelForCausalLM.from_pretrained(self.tmpdir, attn_implementation=impl)
+        return True
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -116,7 +120,8 @@ class CausalLMParityTests:
 
     @parameterized.expand(MATRIX)
     def test_logits_match_upstream(self, impl: str, padding: str, kind: str) -> None:
-        self.skip_unsupported(impl)
+        if self.refused(impl):
+            return
         mask_2d = padding_mask(PADDINGS[padding], SEQ_LEN)
         # Upstream's eager kernel adds a bool mask as 0/1, so its answer to the 2D mask is the reference for all
         # (for mixed_layer_kinds, its answer to the additive 4D mask is the reference for the 4D kinds).
@@ -131,7 +136,8 @@ class CausalLMParityTests:
 
     @parameterized.expand([(i, c, k) for i in IMPLS for c in ("static", "dynamic") for k in ("2d", "4d_bool")])
     def test_step_by_step_decoding_matches_upstream_full_forward(self, impl: str, cache_kind: str, kind: str) -> None:
-        self.skip_unsupported(impl)
+        if self.refused(impl):
+            return
         mask_2d = padding_mask(PADDINGS["left_padding"], SEQ_LEN)
         expected = self.upstream_logits(mask_2d, impl, four_d=self.mixed_layer_kinds and kind != "2d")
         model, prefill = self.models[impl], 5
@@ -219,7 +225,8 @@ class CausalLMParityTests:
     @parameterized.expand([(impl,) for impl in IMPLS])
     def test_packed_4d_mask_equals_separate_sequences(self, impl: str) -> None:
         """Two sequences in one row: block-diagonal causal mask, positions restarting at the second."""
-        self.skip_unsupported(impl)
+        if self.refused(impl):
+            return
         first, second = self.input_ids[0, :4], self.input_ids[1, :5]
         packed_ids = torch.cat([first, second])[None]  # [1, 9]
         segment = torch.tensor([0] * 4 + [1] * 5)
