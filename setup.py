@@ -1,8 +1,12 @@
 from setuptools import find_packages, setup
 
+UPSTREAM = "transformers==5.23.0"  # the behavioural reference, pinned
+
 extras = {
-    "testing": ["pytest>=8", "parameterized>=0.9", "ruff>=0.6", "transformers==5.23.0"],
+    "bench": [UPSTREAM, "matplotlib>=3.7", "tqdm>=4.60"],
+    "tokenizers": ["tokenizers>=0.15"],
 }
+extras["testing"] = ["pytest>=8", "parameterized>=0.9", "ruff>=0.6", *extras["bench"], *extras["tokenizers"]]
 
 setup(
     name="transformers-static",
@@ -13,4 +17,5 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "safetensors>=0.4"],
     extras_require=extras,
+    entry_points={"console_scripts": ["transformers-static=transformers_static.cli:main"]},
 )

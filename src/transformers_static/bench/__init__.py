@@ -1,0 +1,1 @@
+"""Pieces of `transformers-static bench`: measurement helpers, the generate variants, and the report."""

@@ -1,0 +1,131 @@
+"""The four ways a benchmark scenario generates: ours and upstream transformers, each eager and compiled.
+
+Every runner is `run(input_ids, max_new_tokens, streamer) -> sequences`, greedy, with EOS disabled so every run
+makes exactly `max_new_tokens` tokens. Ours compiled is `generate(..., compile=True)`; upstream compiled is its
+static cache of a fixed `max_cache_len` with a `CompileConfig` (the way its documentation says), which on a
+device other than CUDA/XPU only compiles when the config's `_compile_all_devices` flag is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..generation import GenerationConfig
+from ..models.auto import AutoModelForCausalLM
+
+Runner = Callable[[torch.Tensor, int, Any], torch.Tensor]
+
+OURS_EAGER, OURS_COMPILED = "ours-eager", "ours-compiled"
+UPSTREAM_EAGER, UPSTREAM_COMPILED = "upstream-eager", "upstream-compiled"
+VARIANTS = (UPSTREAM_EAGER, UPSTREAM_COMPILED, OURS_EAGER, OURS_COMPILED)
+
+
+@dataclass
+class Variant:
+    """A named runner; `note` says why it is unavailable (then `run` is None) or how it ran."""
+
+    name: str
+    run: Runner | None
+    note: str = ""
+
+    @property
+    def compiled(self) -> bool:
+        return self.name.endswith("compiled")
+
+
+def upstream_version() -> str | None:
+    """The installed upstream transformers version, or None when it is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers.__version__
+
+
+def static_cache_len(prompt_len: int, max_new_tokens: int, config: GenerationConfig | None = None) -> int:
+    """The StaticCache capacity our `generate` allocates for this prompt length and token count."""
+    config = config or GenerationConfig()
+    padded = math.ceil(prompt_len / config.prefill_chunk_size) * config.prefill_chunk_size
+    return math.ceil((padded + max_new_tokens) / config.cache_bucket_size) * config.cache_bucket_size
+
+
+def load_ours(path: Path, *, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device=device)
+
+
+def ours_variants(model: Any, *, compile: bool) -> list[Variant]:
+    """Ours eager (`generate`) and compiled (`generate(..., compile=True)`), on the static path (the default)."""
+
+    def runner(compiled: bool) -> Runner:
+        def run(input_ids: torch.Tensor, max_new_tokens: int, streamer: Any) -> torch.Tensor:
+            return model.generate(
+                input_ids, max_new_tokens=max_new_tokens, eos_token_id=None, streamer=streamer, compile=compiled
+            )
+
+        return run
+
+    variants = [Variant(OURS_EAGER, runner(False), "static cache")]
+    if compile:
+        variants.append(Variant(OURS_COMPILED, runner(True), "static cache, generate(compile=True)"))
+    return variants
+
+
+def upstream_variants(
+    path: Path, *, dtype: torch.dtype, device: torch.device, compile: bool, max_cache_len: int
+) -> list[Variant]:
+    """Upstream eager (its default dynamic cache) and compiled (static cache of `max_cache_len`), or one
+    unavailable variant per name when upstream transformers is not installed."""
+    names = [UPSTREAM_EAGER, UPSTREAM_COMPILED] if compile else [UPSTREAM_EAGER]
+    if upstream_version() is None:
+        return [Variant(name, None, "upstream transformers is not installed") for name in names]
+    model = _load_upstream(path, dtype=dtype, device=device)
+    variants = [Variant(UPSTREAM_EAGER, _upstream_runner(model, {}), "dynamic cache")]
+    if compile:
+        compile_config, note = _upstream_compile_config(device)
+        options = {"cache_implementation": "static", "max_cache_len": max_cache_len, "compile_config": compile_config}
+        variants.append(Variant(UPSTREAM_COMPILED, _upstream_runner(model, options), note))
+    return variants
+
+
+def _load_upstream(path: Path, *, dtype: torch.dtype, device: torch.device) -> Any:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+    model.generation_config.eos_token_id = None  # every run makes exactly max_new_tokens tokens
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _upstream_compile_config(device: torch.device) -> tuple[Any, str]:
+    from transformers import CompileConfig
+
+    compile_config = CompileConfig()
+    note = f"static cache, CompileConfig(mode={compile_config.mode!r})"
+    if device.type not in ("cuda", "xpu"):
+        compile_config._compile_all_devices = True  # upstream skips compiling on CPU without this flag
+        note += ", _compile_all_devices=True"
+    return compile_config, note
+
+
+def _upstream_runner(model: Any, options: dict[str, Any]) -> Runner:
+    def run(input_ids: torch.Tensor, max_new_tokens: int, streamer: Any) -> torch.Tensor:
+        return model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            streamer=streamer,
+            **options,
+        )
+
+    return run

@@ -1,0 +1,168 @@
+"""Named random-weight models, built from a seed and saved once as real checkpoints in a cache folder.
+
+A preset is a model type, a config and a seed. `preset_path(name)` builds it on first use (weights drawn from
+the seeded global RNG by our model constructors), saves it with `save_pretrained` (config.json +
+model.safetensors) into `<cache>/presets/<name>`, and returns that directory: callers then load it back with
+`AutoModelForCausalLM.from_pretrained`, so the real checkpoint path is what runs. The cache root is
+`$TRANSFORMERS_STATIC_CACHE`, else `$XDG_CACHE_HOME/transformers_static`, else `~/.cache/transformers_static`.
+
+Saving is atomic: the checkpoint is written to a temporary sibling folder and renamed into place, so a run
+killed mid-save leaves no half checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CACHE_ENV = "TRANSFORMERS_STATIC_CACHE"
+COMPLETE_MARKER = "config.json"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named random model: `model_type`, config fields, and the seed its weights are drawn from."""
+
+    name: str
+    model_type: str
+    config: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    description: str = ""
+
+
+_LLAMA_TINY = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+}
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("llama-tiny", "llama", _LLAMA_TINY, description="Llama, hidden 128, 2 layers, 4 heads / 2 KV heads"),
+        Preset(
+            "llama-125m",
+            "llama",
+            {
+                "hidden_size": 768,
+                "intermediate_size": 2048,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "num_key_value_heads": 4,
+                "vocab_size": 32000,
+                "max_position_embeddings": 2048,
+            },
+            description="Llama, hidden 768, 12 layers, 12 heads / 4 KV heads, vocab 32000 (~125M)",
+        ),
+        Preset(
+            "mistral-tiny",
+            "mistral",
+            {**_LLAMA_TINY, "sliding_window": 64},
+            description="Mistral, llama-tiny's shape with a 64-key sliding window",
+        ),
+        Preset(
+            "gpt2-tiny",
+            "gpt2",
+            # GPT-2's BOS/EOS is its last id (50256): here, the last id of the small vocabulary.
+            {
+                "n_embd": 128,
+                "n_layer": 2,
+                "n_head": 4,
+                "vocab_size": 1000,
+                "n_positions": 1024,
+                "bos_token_id": 999,
+                "eos_token_id": 999,
+            },
+            description="GPT-2, hidden 128, 2 layers, 4 heads",
+        ),
+        Preset(
+            "gpt2-small-random",
+            "gpt2",
+            {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024},
+            description="GPT-2 small's exact shape (124M), random weights",
+        ),
+    )
+}
+
+# The preset `bench --arch ARCH` runs when no --preset is given.
+DEFAULT_PRESET_FOR_ARCH = {"llama": "llama-tiny", "gpt2": "gpt2-tiny", "mistral": "mistral-tiny"}
+
+
+class UnknownPresetError(ValueError):
+    """A preset name that is not in PRESETS; the message lists the known ones."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise UnknownPresetError(name)
+    return PRESETS[name]
+
+
+def cache_root() -> Path:
+    """Where presets are saved: `$TRANSFORMERS_STATIC_CACHE`, else the user's cache dir."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "transformers_static"
+
+
+def preset_dir(name: str) -> Path:
+    return cache_root() / "presets" / get_preset(name).name
+
+
+def preset_path(name: str) -> Path:
+    """The checkpoint directory of preset `name`, built and saved first if it is not in the cache yet."""
+    path = preset_dir(name)
+    if not (path / COMPLETE_MARKER).is_file():
+        save_preset(get_preset(name), path)
+    return path
+
+
+def build_preset_model(preset: Preset) -> torch.nn.Module:
+    """The preset's model with weights drawn from its seed (the caller's global RNG state is left untouched)."""
+    from .models.auto import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(preset.model_type, **preset.config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(preset.seed)
+        return AutoModelForCausalLM.from_config(config).eval()
+
+
+def save_preset(preset: Preset, path: Path) -> None:
+    """Build and save `preset` to `path` atomically (temp dir + rename; a concurrent winner is kept)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = build_preset_model(preset)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}-", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        _apply_umask(tmp)
+        if path.exists() and not (path / COMPLETE_MARKER).is_file():  # a stale, incomplete folder: replace it
+            shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    except OSError:
+        if not (path / COMPLETE_MARKER).is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _apply_umask(folder: Path) -> None:
+    """Give the folder and its files the permissions of a normal mkdir/open (mkdtemp makes them private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for file in folder.iterdir():
+        file.chmod(0o666 & ~umask)

@@ -1,0 +1,221 @@
+"""The `transformers-static` command: usage errors, presets, and a tiny end-to-end run of each subcommand."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformers_static import AutoModelForCausalLM
+from transformers_static.cli import main
+from transformers_static.presets import CACHE_ENV, build_preset_model, get_preset, preset_path
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """One preset cache for the whole module (presets are built once), never the user's."""
+    root = tmp_path_factory.getbasetemp() / "preset-cache"
+    monkeypatch.setenv(CACHE_ENV, str(root))
+    return root
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------- usage errors
+@pytest.mark.parametrize("command", [["generate", "--input-ids", "1"], ["bench", "--no-compile"]])
+def test_unknown_preset_lists_known_ones(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    code, _, err = run_cli(capsys, *command, "--preset", "llama-huge")
+    assert code == 2
+    assert "unknown preset 'llama-huge'; known presets: " in err
+    assert "llama-tiny" in err and "gpt2-small-random" in err
+
+
+def test_missing_model_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "generate", str(tmp_path / "nowhere"), "--input-ids", "1,2")
+    assert code == 2
+    assert f"MODEL_DIR '{tmp_path / 'nowhere'}' does not exist" in err
+
+
+def test_model_dir_without_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "generate", str(tmp_path), "--input-ids", "1,2")
+    assert code == 2
+    assert "has no config.json: expected a checkpoint directory" in err
+
+
+def test_model_dir_with_corrupt_weights(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shutil.copy(preset_path("llama-tiny") / "config.json", tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    code, _, err = run_cli(capsys, "generate", str(tmp_path), "--input-ids", "1,2")
+    assert code == 2
+    assert "cannot load MODEL_DIR" in err and "corrupt or truncated" in err
+
+
+@pytest.mark.parametrize("ids", ["1,x,3", "1.5", "", "-1,2"])
+def test_non_integer_ids(capsys: pytest.CaptureFixture[str], ids: str) -> None:
+    code, _, err = run_cli(capsys, "generate", "--input-ids", ids)
+    assert code == 2
+    assert "argument --input-ids:" in err
+
+
+def test_ids_outside_vocabulary(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "generate", "--preset", "llama-tiny", "--input-ids", "1,1000")
+    assert code == 2
+    assert "id 1000 is out of range for the model's vocabulary of 1000 (valid ids 0..999)" in err
+
+
+def test_prompt_without_tokenizer(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "generate", "--preset", "llama-tiny", "--prompt", "hello")
+    assert code == 2
+    assert "--prompt needs a tokenizer" in err and "has no tokenizer.json; pass --input-ids" in err
+
+
+def test_model_dir_and_preset_together(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(
+        capsys, "generate", str(preset_path("llama-tiny")), "--preset", "gpt2-tiny", "--input-ids", "1"
+    )
+    assert code == 2
+    assert "give MODEL_DIR or --preset, not both" in err
+
+
+def test_bad_sampling_option(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "generate", "--input-ids", "1", "--sample", "--temperature", "0")
+    assert code == 2
+    assert "temperature must be > 0" in err
+
+
+def test_bench_arch_preset_mismatch(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "bench", "--arch", "gpt2", "--preset", "llama-tiny")
+    assert code == 2
+    assert "preset 'llama-tiny' is a llama model, not --arch gpt2" in err
+
+
+def test_module_entry_point_exit_status(tmp_path: Path) -> None:
+    env = {**os.environ, CACHE_ENV: str(tmp_path)}
+    cmd = [sys.executable, "-m", "transformers_static", "generate", "--preset", "nope", "--input-ids", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown preset 'nope'" in proc.stderr
+
+
+# ---------------------------------------------------------------------- presets
+def test_preset_is_a_real_deterministic_checkpoint(cache_dir: Path) -> None:
+    path = preset_path("llama-tiny")
+    assert path == cache_dir / "presets" / "llama-tiny"
+    assert {p.name for p in path.iterdir()} == {"config.json", "model.safetensors"}
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")], "a temporary folder was left behind"
+    loaded = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    rebuilt = build_preset_model(get_preset("llama-tiny")).state_dict()
+    assert loaded.keys() == rebuilt.keys()
+    for key, tensor in loaded.items():
+        torch.testing.assert_close(tensor, rebuilt[key], rtol=0, atol=0, msg=key)
+
+
+def test_preset_save_is_atomic(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A save that dies after config.json is written leaves no checkpoint (and no temp folder) behind."""
+    import transformers_static.modeling_utils as modeling_utils
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling_utils, "save_state_dict", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            preset_path("llama-tiny")
+    assert os.listdir(tmp_path / "presets") == []
+    assert (preset_path("llama-tiny") / "model.safetensors").is_file()  # the next call builds it whole
+
+
+def test_preset_build_leaves_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_preset_model(get_preset("gpt2-tiny"))
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+# ---------------------------------------------------------------------- generate end to end
+def test_generate_streams_what_model_generate_returns(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(
+        capsys, "generate", "--preset", "llama-tiny", "--input-ids", "5,6,7", "--max-new-tokens", "6"
+    )
+    assert code == 0
+    model = AutoModelForCausalLM.from_pretrained(preset_path("llama-tiny"))
+    prompt = torch.tensor([[5, 6, 7]])
+    expected = model.generate(prompt, max_new_tokens=6)[0, 3:].tolist()
+    assert [int(token) for token in out.split()] == expected
+    assert "tokens/s" in err and "compiled graphs: 0" in err
+
+
+def test_generate_sampling_is_seeded(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--preset", "gpt2-tiny", "--input-ids", "1,2", "--max-new-tokens", "8", "--sample"]
+    outs = [run_cli(capsys, *argv, "--seed", seed)[1] for seed in ("3", "3", "4")]
+    assert outs[0] == outs[1]
+    assert outs[0] != outs[2]
+
+
+def test_generate_prompt_through_tokenizer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    shutil.copytree(preset_path("llama-tiny"), tmp_path, dirs_exist_ok=True)
+    words = {f"w{i}": i for i in range(1000)}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="w0"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    code, out, _ = run_cli(capsys, "generate", str(tmp_path), "--prompt", "w5 w6 w7", "--max-new-tokens", "4")
+    assert code == 0
+    new = AutoModelForCausalLM.from_pretrained(tmp_path).generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4)[0, 3:]
+    assert out.strip() == tokenizer.decode([5, 6, 7]) + tokenizer.decode(new.tolist())
+
+
+# ---------------------------------------------------------------------- bench end to end
+def test_bench_writes_results_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["bench", "--preset", "llama-tiny", "--no-compile", "--repeats", "1", "--new-tokens", "4"]
+    code, out, _ = run_cli(capsys, *argv, "--out", str(tmp_path))
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert {"machine", "versions", "options", "scenarios"} <= results.keys()
+    assert results["machine"]["memory_bandwidth_gbps"] > 0
+    (scenario,) = results["scenarios"]
+    assert scenario["label"] == "llama-tiny b1 p16"
+    assert scenario["floor_ms_per_token"] > 0 and scenario["decode_weight_bytes"] > 0
+    rows = {row["variant"]: row for row in scenario["results"]}
+    upstream = results["versions"]["transformers"] is not None
+    assert set(rows) == ({"upstream-eager", "ours-eager"} if upstream else {"ours-eager"})
+    for row in rows.values():
+        assert row["available"] and row["tokens_match_reference"]
+        assert row["graphs_compiled"] == 0 and len(row["runs_ms_per_token"]) == 1
+        assert row["ms_per_token"]["min"] <= row["ms_per_token"]["median"] <= row["ms_per_token"]["max"]
+        for key in ("first_call_s", "prefill_ms", "peak_memory_mb", "x_floor"):
+            assert row[key] > 0, key
+    assert "ours-eager" in out and "decode floor" in out
+
+
+def test_bench_without_upstream_runs_ours_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now raises ImportError
+    argv = ["bench", "--no-compile", "--repeats", "1", "--new-tokens", "3", "--out", str(tmp_path)]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0
+    assert "upstream transformers is not installed: benchmarking ours only" in err
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["versions"]["transformers"] is None
+    (scenario,) = results["scenarios"]
+    assert scenario["reference"] == "ours-eager"
+    rows = {row["variant"]: row for row in scenario["results"]}
+    assert set(rows) == {"upstream-eager", "ours-eager"}
+    assert not rows["upstream-eager"]["available"] and rows["ours-eager"]["tokens_match_reference"]
+    assert "n/a: upstream transformers is not installed" in out
