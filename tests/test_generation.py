@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch._dynamo
 import transformers
+from torch._dynamo.utils import counters
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from transformers_static import AutoModelForCausalLM, GenerationConfig, StaticCache
@@ -171,12 +172,26 @@ def test_classic_growing_mask_compiles_a_graph_per_step(llama) -> None:
 
 
 def test_inductor_compile_gives_eager_tokens(llama) -> None:
-    """The one real inductor compile of the suite (slow on 2 cores): tokens equal eager's."""
+    """The one real inductor compile of the suite (slow on 2 cores): tokens equal eager's, one graph (the decode
+    step; compile=True runs the prefill eager), and a new prompt length compiles nothing."""
     ids, mask = generation_prompt(VOCAB)
     expected = llama.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=None)
     torch._dynamo.reset()
+    counters.clear()
     try:
         compiled = llama.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=None, compile=True)
+        assert counters["stats"]["unique_graphs"] == 1
+        llama.generate(ids[:, 2:], attention_mask=mask[:, 2:], max_new_tokens=5, eos_token_id=None, compile=True)
+        assert counters["stats"]["unique_graphs"] == 1
     finally:
         torch._dynamo.reset()
     assert torch.equal(compiled, expected)
+
+
+def test_pad_id_outside_the_vocabulary_is_only_written_never_fed(llama) -> None:
+    """Upstream lets pad_token_id lie outside the vocabulary; finished rows must not feed it to the model."""
+    ids, mask = generation_prompt(VOCAB)
+    free_run = llama.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=None)
+    eos = int(free_run[0, ids.shape[1]])  # row 0 finishes at its first token
+    out = llama.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=VOCAB + 7)
+    assert out[0, ids.shape[1]] == eos and (out[0, ids.shape[1] + 1 :] == VOCAB + 7).all()

@@ -4,7 +4,8 @@
 
 query `[batch, heads, q_len, head_dim]`, key/value `[batch, kv_heads, kv_len, head_dim]`, attention_mask
 `[batch, 1, q_len, kv_len]` (bool, True = attend, or additive float) made by AttentionMaskConverter.
-attn_output is `[batch, q_len, heads, head_dim]`. Grouped key/value heads are repeated here, once. `softcap`
+attn_output is `[batch, q_len, heads, head_dim]`. Grouped key/value heads are shared by grouping the queries (no
+copy of the cache per step). `softcap`
 (Gemma2) squashes scores to `tanh(s / cap) * cap` before the mask; only the eager kernel can do it.
 """
 
@@ -19,13 +20,20 @@ from torch import nn
 AttentionFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """`[batch, kv_heads, kv_len, head_dim]` -> `[batch, kv_heads * n_rep, kv_len, head_dim]`."""
-    if n_rep == 1:
-        return hidden_states
-    batch, kv_heads, kv_len, head_dim = hidden_states.shape
-    hidden_states = hidden_states[:, :, None].expand(batch, kv_heads, n_rep, kv_len, head_dim)
-    return hidden_states.reshape(batch, kv_heads * n_rep, kv_len, head_dim)
+def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """`[batch, heads, q_len, head_dim]` -> `[batch, kv_heads, n_rep * q_len, head_dim]`: the queries sharing a
+    key/value head become rows of one product, so grouped keys/values are read in place, never repeated."""
+    batch, heads, q_len, head_dim = query.shape
+    return query.reshape(batch, kv_heads, heads // kv_heads * q_len, head_dim)
+
+
+def group_mask(attention_mask: torch.Tensor, kv_heads: int, n_rep: int) -> torch.Tensor:
+    """The mask for grouped queries: `[batch, 1 | heads, q_len, kv_len]` -> `[batch, 1 | kv_heads, n_rep * q_len,
+    kv_len]` (rows ordered as `group_queries` orders them: query head major, then query)."""
+    batch, mask_heads, q_len, kv_len = attention_mask.shape
+    if mask_heads == 1:
+        return attention_mask.repeat(1, 1, n_rep, 1)
+    return attention_mask.reshape(batch, kv_heads, n_rep * q_len, kv_len)
 
 
 def eager_attention(
@@ -40,9 +48,12 @@ def eager_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores in the model dtype (soft-capped there, as upstream), masked and softmaxed in float32
     (fp16/bf16-safe: no -inf, no NaN rows)."""
-    n_rep = query.shape[1] // key.shape[1]
-    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [batch, heads, q_len, kv_len]
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads = key.shape[1]
+    if attention_mask is not None and heads != kv_heads:
+        attention_mask = group_mask(attention_mask, kv_heads, heads // kv_heads)
+    grouped = group_queries(query, kv_heads)  # [batch, kv_heads, n_rep * q_len, head_dim]
+    scores = torch.matmul(grouped, key.transpose(2, 3)) * scaling  # [batch, kv_heads, n_rep * q_len, kv_len]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.float()
@@ -54,8 +65,8 @@ def eager_attention(
             scores = (scores + attention_mask.float()).clamp(min=lowest)
     weights = F.softmax(scores, dim=-1).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
-    attn_output = torch.matmul(weights, value)  # [batch, heads, q_len, head_dim]
-    return attn_output.transpose(1, 2).contiguous(), weights
+    attn_output = torch.matmul(weights, value).reshape(batch, heads, q_len, head_dim)
+    return attn_output.transpose(1, 2).contiguous(), weights.reshape(batch, heads, q_len, -1)
 
 
 def sdpa_attention(
@@ -73,19 +84,21 @@ def sdpa_attention(
     A query row with no key to attend to (a left-padding position) comes out as zeros, not NaN."""
     if softcap is not None:
         raise ValueError("sdpa cannot soft-cap attention scores: use attn_implementation='eager'")
-    n_rep = query.shape[1] // key.shape[1]
-    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads = key.shape[1]
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask.to(query.dtype)
+    if attention_mask is not None and heads != kv_heads:
+        attention_mask = group_mask(attention_mask, kv_heads, heads // kv_heads)
     attn_output = F.scaled_dot_product_attention(
-        query,
+        group_queries(query, kv_heads),
         key,
         value,
         attn_mask=attention_mask,
         dropout_p=dropout if module.training else 0.0,
         scale=scaling,
-    )
-    return attn_output.transpose(1, 2).contiguous(), None
+    )  # [batch, kv_heads, n_rep * q_len, head_dim]
+    return attn_output.reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous(), None
 
 
 ATTENTION_FUNCTIONS: dict[str, AttentionFn] = {"eager": eager_attention, "sdpa": sdpa_attention}

@@ -75,21 +75,21 @@ class GenerationMixin:
         """Greedy or sampled generation, batched with left padding, stopping per row on EOS.
 
         kwargs override `generation_config` fields (`max_new_tokens`, `do_sample`, `top_k`, ...). `generator`
-        seeds sampling; `past_key_values` supplies a StaticCache to fill; `compile=True` runs a forward compiled
-        for the device (see `compiled_forward`). Returns `[batch, prompt_len + new]` token ids, or a
+        seeds sampling; `past_key_values` supplies a StaticCache to fill; `compile=True` runs the decode steps
+        through a forward compiled for the device (`compiled_forward`; the prefill runs eager, as upstream's
+        compiled generation does, so a first call compiles one graph). Returns `[batch, prompt_len + new]` token ids, or a
         GenerateDecoderOnlyOutput when `return_dict_in_generate`.
         """
         config = self._generation_config(generation_config, kwargs)
         attention_mask = self._prompt_mask(input_ids, attention_mask, config)
         max_new_tokens = config.max_new_tokens or max(config.max_length - input_ids.shape[1], 1)
         self._check_position_table(attention_mask, max_new_tokens)
-        forward = self.compiled_forward() if compile else self
         if config.cache_implementation == "static":
-            session, logits = self._prefill_static(
-                forward, input_ids, attention_mask, config, max_new_tokens, past_key_values
-            )
+            session, logits = self._prefill_static(input_ids, attention_mask, config, max_new_tokens, past_key_values)
         else:
-            session, logits = self._prefill_dynamic(forward, input_ids, attention_mask)
+            session, logits = self._prefill_dynamic(input_ids, attention_mask)
+        if compile:
+            session.forward = self.compiled_forward()
         if streamer is not None:
             streamer.put(input_ids.cpu())
         new_tokens, all_logits = self._decode(session, logits, config, max_new_tokens, streamer, generator)
@@ -102,10 +102,17 @@ class GenerationMixin:
 
     def compiled_forward(self) -> Callable[..., Any]:
         """This model's forward compiled once for its device: CUDA graphs (`reduce-overhead`) on CUDA, inductor's
-        default elsewhere; `fullgraph=True`, `dynamic=False`."""
+        default elsewhere; `fullgraph=True`, `dynamic=False`.
+
+        Guards on module state are skipped (a few hundred microseconds per step on CPU): the compiled forward
+        assumes the model is not changed after its first call (weights may be updated in place; switching
+        train/eval or the attention implementation needs a new model object or `torch._dynamo.reset()`)."""
         if getattr(self, "_compiled_forward", None) is None:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled_forward = torch.compile(self.forward, mode=mode, fullgraph=True, dynamic=False)
+            options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+            self._compiled_forward = torch.compile(
+                self.forward, mode=mode, fullgraph=True, dynamic=False, options=options
+            )
         return self._compiled_forward
 
     # ------------------------------------------------------------------ setup
@@ -158,7 +165,6 @@ class GenerationMixin:
     # ------------------------------------------------------------------ prefill
     def _prefill_static(
         self,
-        forward: Callable[..., Any],
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         config: GenerationConfig,
@@ -170,7 +176,7 @@ class GenerationMixin:
         chunk = config.prefill_chunk_size
         padded_len = math.ceil(prompt_len / chunk) * chunk
         pad = padded_len - prompt_len
-        ids = torch.nn.functional.pad(input_ids, (pad, 0), value=config.pad_token_id)  # [batch, padded_len]
+        ids = torch.nn.functional.pad(input_ids, (pad, 0), value=0)  # [batch, padded_len]; padding is masked
         prompt_mask = torch.nn.functional.pad(attention_mask, (pad, 0), value=0)
         cache = self._static_cache(batch, padded_len + max_new_tokens, config, cache)
         # The 2D padding mask at the cache's full length; slots after the prompt hold generated (real) tokens.
@@ -186,7 +192,7 @@ class GenerationMixin:
                 )
                 for kind, converter in converters.items()
             }  # per kind: [batch, 1, chunk, max_cache_len]
-            logits = forward(
+            logits = self(
                 ids[:, start : start + chunk].contiguous(),  # contiguous: strides must not vary with prompt length
                 attention_mask=masks,
                 position_ids=positions[:, start : start + chunk].contiguous(),
@@ -196,18 +202,16 @@ class GenerationMixin:
             ).logits[:, -1]
         last = torch.tensor([padded_len - 1], device=ids.device)
         decode_masks = {kind: converter.start_decoding(padding, last) for kind, converter in converters.items()}
-        session = _Session(forward, cache, last + 1, positions[:, -1:] + 1, decode_masks, converters)
+        session = _Session(self, cache, last + 1, positions[:, -1:] + 1, decode_masks, converters)
         return session, logits
 
-    def _prefill_dynamic(
-        self, forward: Callable[..., Any], input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[_Session, torch.Tensor]:
+    def _prefill_dynamic(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[_Session, torch.Tensor]:
         """The classic path: a DynamicCache and a 2D mask that grows by a column per step."""
         prompt_len = input_ids.shape[1]
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache_position = torch.arange(prompt_len, device=input_ids.device)
         cache = DynamicCache()
-        logits = forward(
+        logits = self(
             input_ids,
             attention_mask=attention_mask,
             position_ids=positions,
@@ -215,7 +219,7 @@ class GenerationMixin:
             cache_position=cache_position,
             logits_to_keep=1,
         ).logits[:, -1]
-        session = _Session(forward, cache, cache_position[-1:] + 1, positions[:, -1:] + 1, attention_mask, None)
+        session = _Session(self, cache, cache_position[-1:] + 1, positions[:, -1:] + 1, attention_mask, None)
         return session, logits
 
     def _static_cache(
@@ -264,7 +268,8 @@ class GenerationMixin:
         for step in range(max_new_tokens):
             if config.output_logits:
                 all_logits.append(logits.clone())  # a CUDA-graph output is overwritten by the next replay
-            token = next_tokens(logits, config, generator).masked_fill(finished, config.pad_token_id)  # [batch]
+            picked = next_tokens(logits, config, generator)  # [batch]
+            token = picked.masked_fill(finished, config.pad_token_id)
             tokens.append(token)
             if streamer is not None:
                 streamer.put(token.cpu())
@@ -272,7 +277,9 @@ class GenerationMixin:
             # One host read per step, outside the forward, and only when there is an EOS to stop on.
             if step == max_new_tokens - 1 or (eos.numel() and bool(finished.all())):
                 break
-            logits = self._decode_one_token(session, token)
+            # Finished rows are fed their own pick (a valid id, unlike a pad id outside the vocabulary); only the
+            # rows still running are read.
+            logits = self._decode_one_token(session, picked)
         return torch.stack(tokens, dim=1), all_logits
 
     def _decode_one_token(self, session: _Session, token: torch.Tensor) -> torch.Tensor:
