@@ -63,6 +63,8 @@ class CausalLMParityTests:
     upstream_config_class: ClassVar[Any]
     config_kwargs: ClassVar[dict[str, Any]]
     vocab_size: ClassVar[int] = 99
+    # Noise added to every upstream weight before saving, so biases, norm weights and position terms all matter.
+    weight_noise: ClassVar[float] = 0.1
     # Layers of different mask kinds (Qwen2's max_window_layers): one 4D mask is used as given by every layer, so
     # no 2D mask is its equal. The 4D cases then compare against upstream given the same 4D mask (as given to every
     # layer there too), and the packed test runs each sequence alone with its own 4D mask.
@@ -94,6 +96,9 @@ class CausalLMParityTests:
         cls.tmpdir = tempfile.mkdtemp()
         config = cls.upstream_config_class(vocab_size=cls.vocab_size, **cls.config_kwargs)
         cls.upstream = cls.upstream_model_class(config).eval()
+        with torch.no_grad():  # upstream's init (std 0.02, zero biases, unit norms) would hide many mistakes
+            for param in cls.upstream.parameters():
+                param.add_(torch.randn_like(param) * cls.weight_noise)
         cls.upstream.save_pretrained(cls.tmpdir)
         cls.models = {
             impl: AutoModelForCausalLM.from_pretrained(cls.tmpdir, attn_implementation=impl)
@@ -185,13 +190,13 @@ class CausalLMParityTests:
 
     @parameterized.expand([("static",), ("dynamic",)])
     def test_greedy_generate_matches_upstream(self, cache_implementation: str) -> None:
-        """Batch of 3 left-padded by 0, 4 and 7, with an EOS that one row reaches mid-way."""
+        """Batch of 3 left-padded by 0, 4 and 7, with an EOS that one row reaches while the others run on."""
         ids, mask = generation_prompt(self.vocab_size)
         self.upstream.set_attn_implementation(self.default_impl)
         free_run = self.upstream.generate(
             ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None
         )
-        eos = int(free_run[0, ids.shape[1] + 3])  # row 0 stops after 4 new tokens; the others go on or stop later
+        row, eos = early_eos(free_run[:, ids.shape[1] :])
         expected = self.upstream.generate(
             ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0
         )
@@ -204,7 +209,7 @@ class CausalLMParityTests:
             cache_implementation=cache_implementation,
         )
         torch.testing.assert_close(ours, expected, rtol=0, atol=0)
-        self.assertEqual(int(ours[0, -1]), 0, "a row that hit EOS must be padded with pad_token_id")
+        self.assertEqual(int(ours[row, -1]), 0, "a row that hit EOS must be padded with pad_token_id")
 
     def test_static_generate_compiles_two_graphs_then_none(self) -> None:
         """Counted with the user's own torch.compile(forward, fullgraph=True, dynamic=False), backend counting."""
@@ -263,6 +268,19 @@ def count_graphs(model, calls: list[dict], *, then_no_recompile: bool = False) -
         model.forward = eager_forward
         torch._dynamo.reset()
     return counts, outputs
+
+
+def early_eos(new_tokens: torch.Tensor) -> tuple[int, int]:
+    """(row, token): a token that one row generates early (step 0..7) and no row generates before it; as EOS, that
+    row stops there while the others run on, so the padding of finished rows is exercised."""
+    for step in range(8):
+        for row in range(new_tokens.shape[0]):
+            candidate = int(new_tokens[row, step])
+            others = torch.cat([new_tokens[:row], new_tokens[row + 1 :]])
+            earlier = torch.cat([new_tokens[row, :step], others[:, : step + 2].flatten()])
+            if not (earlier == candidate).any():
+                return row, candidate
+    raise AssertionError(f"no early EOS candidate: greedy tokens too repetitive for a useful test\n{new_tokens}")
 
 
 def generation_prompt(
