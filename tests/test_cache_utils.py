@@ -57,3 +57,13 @@ def test_key_positions_follow_the_writes() -> None:
     dynamic = DynamicCache()
     dynamic.update_positions(torch.tensor([[0, 1, 0]]), torch.arange(3))
     assert dynamic.update_positions(torch.tensor([[1]]), torch.tensor([3])).tolist() == [[0, 1, 0, 1]]
+
+
+def test_static_cache_reset_zeroes_in_place() -> None:
+    cache = StaticCache(CONFIG, max_batch_size=1, max_cache_len=4)
+    address = cache.key_cache[0].data_ptr()
+    cache.update(states(1, 2, 3.0), states(1, 2, 3.0), 0, torch.arange(2))
+    cache.update_positions(torch.tensor([[5, 6]]), torch.arange(2))
+    cache.reset()
+    assert cache.key_cache[0].data_ptr() == address
+    assert not any(t.any() for t in (*cache.key_cache, *cache.value_cache, cache.key_positions))

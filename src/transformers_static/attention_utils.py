@@ -20,6 +20,11 @@ from torch import nn
 AttentionFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
+def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """`tanh(x / cap) * cap`: squashes `x` smoothly into (-cap, cap), in `x`'s dtype (Gemma2's scores and logits)."""
+    return torch.tanh(x / cap) * cap
+
+
 def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """`[batch, heads, q_len, head_dim]` -> `[batch, kv_heads, n_rep * q_len, head_dim]`: the queries sharing a
     key/value head become rows of one product, so grouped keys/values are read in place, never repeated."""
@@ -55,7 +60,7 @@ def eager_attention(
     grouped = group_queries(query, kv_heads)  # [batch, kv_heads, n_rep * q_len, head_dim]
     scores = torch.matmul(grouped, key.transpose(2, 3)) * scaling  # [batch, kv_heads, n_rep * q_len, kv_len]
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+        scores = soft_cap(scores, softcap)
     scores = scores.float()
     if attention_mask is not None:
         lowest = torch.finfo(torch.float32).min

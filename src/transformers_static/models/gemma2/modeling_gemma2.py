@@ -12,18 +12,13 @@ import torch
 from torch import nn
 
 from ...activations import get_activation
-from ...attention_utils import get_attention_function
+from ...attention_utils import get_attention_function, soft_cap
 from ...cache_utils import Cache
 from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_outputs import BaseModelOutputWithPast
 from ...modeling_rope_utils import compute_inv_freq
 from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
 from .configuration_gemma2 import Gemma2Config
-
-
-def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
-    """`tanh(x / cap) * cap`: squashes `x` smoothly into (-cap, cap), in `x`'s dtype."""
-    return torch.tanh(x / cap) * cap
 
 
 # Copied from transformers_static.models.gemma.modeling_gemma.GemmaRMSNorm with Gemma->Gemma2
