@@ -5,7 +5,7 @@ import torch
 
 from transformers_static import AttentionMaskConverter
 from transformers_static.attention_utils import eager_attention, sdpa_attention
-from transformers_static.modeling_attn_mask_utils import position_ids_from_padding
+from transformers_static.modeling_attn_mask_utils import StaticDecodeMask, position_ids_from_padding
 
 
 def as_int(mask: torch.Tensor) -> list:
@@ -68,16 +68,17 @@ def test_sliding_window_covers_w_keys_including_own() -> None:
 
 @pytest.mark.parametrize("window", [None, 2, 3])
 def test_static_decode_rows_advance_in_place(window: int | None) -> None:
-    """start_decoding + advance give, step by step, exactly the rows to_4d builds, in one buffer."""
+    """StaticDecodeMask + advance give, step by step, exactly the rows to_4d builds, in one buffer."""
     converter = AttentionMaskConverter(sliding_window=window)
     padding = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])  # full cache length 8
-    decode = converter.start_decoding(padding, torch.tensor([2]))
+    decode_mask = StaticDecodeMask(converter, padding, torch.tensor([2]))
+    decode = decode_mask.mask
     assert as_int(decode[:, 0, 0]) == as_int(
         converter.to_4d(padding, batch_size=2, q_len=1, kv_len=8, cache_position=torch.tensor([2]))[:, 0, 0]
     )
     address = decode.data_ptr()
     for pos in range(3, 8):
-        row = converter.advance(torch.tensor([pos]))
+        row = decode_mask.advance(torch.tensor([pos]))
         expected = converter.to_4d(padding, batch_size=2, q_len=1, kv_len=8, cache_position=torch.tensor([pos]))
         assert row.data_ptr() == address
         assert torch.equal(row, expected)
@@ -85,11 +86,11 @@ def test_static_decode_rows_advance_in_place(window: int | None) -> None:
 
 def test_static_decode_rows_literal_window() -> None:
     converter = AttentionMaskConverter(sliding_window=2)
-    decode = converter.start_decoding(torch.tensor([[0, 1, 1, 1, 1]]), torch.tensor([1]))
-    assert as_int(decode[0, 0]) == [[0, 1, 0, 0, 0]]
-    assert as_int(converter.advance(torch.tensor([2]))[0, 0]) == [[0, 1, 1, 0, 0]]
-    assert as_int(converter.advance(torch.tensor([3]))[0, 0]) == [[0, 0, 1, 1, 0]]
-    assert as_int(converter.advance(torch.tensor([4]))[0, 0]) == [[0, 0, 0, 1, 1]]
+    decode = StaticDecodeMask(converter, torch.tensor([[0, 1, 1, 1, 1]]), torch.tensor([1]))
+    assert as_int(decode.mask[0, 0]) == [[0, 1, 0, 0, 0]]
+    assert as_int(decode.advance(torch.tensor([2]))[0, 0]) == [[0, 1, 1, 0, 0]]
+    assert as_int(decode.advance(torch.tensor([3]))[0, 0]) == [[0, 0, 1, 1, 0]]
+    assert as_int(decode.advance(torch.tensor([4]))[0, 0]) == [[0, 0, 0, 1, 1]]
 
 
 def test_user_4d_masks_pass_through() -> None:

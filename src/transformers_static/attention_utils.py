@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache_utils import Cache
+
 AttentionFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
@@ -113,3 +115,39 @@ def get_attention_function(name: str) -> AttentionFn:
     if name not in ATTENTION_FUNCTIONS:
         raise ValueError(f"Unknown attn_implementation {name!r}; expected one of {sorted(ATTENTION_FUNCTIONS)}")
     return ATTENTION_FUNCTIONS[name]
+
+
+def attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    cache_position: torch.Tensor,
+    past_key_values: Cache | None,
+    scaling: float,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """The tail every attention module shares: store the new key/value at `cache_position` (before attending, so
+    the query sees its own key), run the kernel of `module.config._attn_implementation` (`dropout` only while
+    training), and merge the heads: `[batch, q_len, heads * head_dim]`, ready for the output projection.
+
+    `module` has `layer_idx` (its cache slot) and `config`; query is `[batch, heads, q_len, head_dim]`, key/value
+    `[batch, kv_heads, q_len, head_dim]`."""
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, module.layer_idx, cache_position)  # [.., kv_len, ..]
+    attention = get_attention_function(module.config._attn_implementation)
+    attn_output, _ = attention(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        scaling=scaling,
+        dropout=dropout if module.training else 0.0,
+        softcap=softcap,
+    )  # [batch, q_len, heads, head_dim]
+    batch, q_len = attn_output.shape[:2]
+    return attn_output.reshape(batch, q_len, -1)

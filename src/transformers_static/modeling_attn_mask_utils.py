@@ -17,9 +17,10 @@ materialised once per forward by broadcasting index ranges into a bool tensor `[
 
 A user's 4D mask (bool, or additive float: 0 = attend, large negative = masked) is validated and used as given.
 
-Static-buffer path (generation with a StaticCache): `start_decoding` allocates the decode mask
-`[batch, 1, 1, max_cache_len]` once; `advance` updates it in place before each decode step (it opens the new
-token's slot and, with a window, closes the slot that left it: O(batch) writes, no allocation, no host sync).
+`AttentionMaskConverter` is stateless: models keep one per mask kind and call it once per forward. The
+static-buffer path is `StaticDecodeMask`, which one `generate` call owns: it allocates the decode mask
+`[batch, 1, 1, max_cache_len]` once and updates it in place before each decode step (it opens the new token's slot
+and, with a window, closes the slot that left it: O(batch) writes, no allocation, no host sync).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class AttentionMaskConverter:
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive number of keys, got {sliding_window}")
         self.sliding_window = sliding_window
-        self.decode_mask: torch.Tensor | None = None  # [batch, 1, 1, max_cache_len], set by start_decoding
 
     def to_4d(
         self,
@@ -66,32 +66,6 @@ class AttentionMaskConverter:
         if padding is None:
             return mask[None, None].expand(batch_size, 1, q_len, kv_len)
         return mask[None, None] & padding[:, None, None, :]
-
-    def start_decoding(self, padding_mask: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        """Allocate the static decode mask `[batch, 1, 1, max_cache_len]` once.
-
-        `padding_mask` is `[batch, max_cache_len]` (1 = real token, slots not yet written 1);
-        `cache_position` `[1]` is the slot of the last token already in the cache. The buffer starts as that
-        token's mask row; each `advance` then moves it forward one slot in place.
-        """
-        batch_size, max_cache_len = padding_mask.shape
-        row = self.to_4d(
-            padding_mask, batch_size=batch_size, q_len=1, kv_len=max_cache_len, cache_position=cache_position
-        )
-        self.decode_mask = row.clone()
-        return self.decode_mask
-
-    def advance(self, cache_position: torch.Tensor) -> torch.Tensor:
-        """Open slot `cache_position` `[1]` in the decode mask in place (and close the one leaving the window)."""
-        if self.decode_mask is None:
-            raise RuntimeError("advance() needs a decode mask: call start_decoding() first")
-        max_cache_len = self.decode_mask.shape[-1]
-        self.decode_mask.index_fill_(-1, cache_position, True)
-        if self.sliding_window is not None and self.sliding_window < max_cache_len:
-            # Before the window is full, (pos - W) wraps to a slot in the future, which is still closed.
-            leaving = torch.remainder(cache_position - self.sliding_window, max_cache_len)
-            self.decode_mask.index_fill_(-1, leaving, False)
-        return self.decode_mask
 
     @staticmethod
     def with_bias(mask: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -169,8 +143,36 @@ def mask_converters(config: Any) -> dict[str, AttentionMaskConverter]:
     return {kind: AttentionMaskConverter(sliding_window=windows[kind]) for kind in sorted(kinds)}
 
 
-def position_ids_from_padding(padding_mask: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-    """Positions `[batch, q_len]` of the queries at `cache_position`: the count of real tokens before each, so
-    left-padded rows start at 0. `padding_mask` is `[batch, >= max(cache_position) + 1]`."""
-    positions = padding_mask.long().cumsum(-1) - 1  # [batch, kv_len]
-    return positions[:, cache_position].clamp(min=0)
+def position_ids_from_padding(padding_mask: torch.Tensor, cache_position: torch.Tensor | None = None) -> torch.Tensor:
+    """Positions from a 2D padding mask `[batch, kv_len]` (1 = real token): the count of real tokens before each
+    slot, so left-padded rows start at 0 (padding slots get 0). Returns `[batch, kv_len]`, or `[batch, q_len]`
+    for the queries at `cache_position` `[q_len]` (which must lie inside the mask)."""
+    positions = (padding_mask.long().cumsum(-1) - 1).clamp(min=0)  # [batch, kv_len]
+    return positions if cache_position is None else positions[:, cache_position]
+
+
+class StaticDecodeMask:
+    """The decode-step mask of one kind for one `generate` call on a StaticCache: `[batch, 1, 1, max_cache_len]`,
+    allocated once, then moved forward one slot in place per step (so a compiled decode step always reads the same
+    tensor, and nothing is allocated or read back on the host)."""
+
+    def __init__(
+        self, converter: AttentionMaskConverter, padding_mask: torch.Tensor, cache_position: torch.Tensor
+    ) -> None:
+        """`padding_mask` `[batch, max_cache_len]` (1 = real token; slots not yet written 1); `cache_position`
+        `[1]` the slot of the last token already in the cache: the buffer starts as that token's mask row."""
+        batch_size, max_cache_len = padding_mask.shape
+        self.sliding_window = converter.sliding_window
+        self.mask = converter.to_4d(
+            padding_mask, batch_size=batch_size, q_len=1, kv_len=max_cache_len, cache_position=cache_position
+        ).clone()  # [batch, 1, 1, max_cache_len]
+
+    def advance(self, cache_position: torch.Tensor) -> torch.Tensor:
+        """Open slot `cache_position` `[1]` in place (and close the one leaving the window); returns the mask."""
+        max_cache_len = self.mask.shape[-1]
+        self.mask.index_fill_(-1, cache_position, True)
+        if self.sliding_window is not None and self.sliding_window < max_cache_len:
+            # Before the window is full, (pos - W) wraps to a slot in the future, which is still closed.
+            leaving = torch.remainder(cache_position - self.sliding_window, max_cache_len)
+            self.mask.index_fill_(-1, leaving, False)
+        return self.mask

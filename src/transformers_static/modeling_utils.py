@@ -1,5 +1,4 @@
-"""PreTrainedModel: checkpoint loading and saving (safetensors, sharded), weight tying, and the per-forward
-preparation of cache, positions and mask that every base model shares."""
+"""PreTrainedModel: checkpoint loading and saving (safetensors, sharded), weight initialisation and tying."""
 
 from __future__ import annotations
 
@@ -9,22 +8,16 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .attention_utils import ATTENTION_FUNCTIONS
-from .cache_utils import Cache, DynamicCache
 from .configuration_utils import PretrainedConfig, resolve_dtype
-from .generation import GenerationConfig, GenerationMixin
-from .generation.configuration_utils import GENERATION_CONFIG_NAME
-from .modeling_attn_mask_utils import AttentionMaskConverter, position_ids_from_padding
-from .modeling_outputs import CausalLMOutputWithPast
+from .modeling_attn_mask_utils import AttentionMaskConverter
 
 logger = logging.getLogger(__name__)
 
@@ -34,19 +27,11 @@ WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 
 
-@dataclass
-class AttentionInputs:
-    """What every decoder layer needs besides hidden states, prepared once per forward."""
-
-    masks: dict[str, torch.Tensor]  # per attention kind: [batch, 1, q_len, kv_len], bool or additive float
-    position_ids: torch.Tensor  # [batch, q_len]
-    cache_position: torch.Tensor  # [q_len]
-    past_key_values: Cache | None
-    key_positions: torch.Tensor | None = None  # [batch, kv_len], only for models that ask (ALiBi)
-
-
 class PreTrainedModel(nn.Module):
-    """Base of every model: `from_pretrained`, `save_pretrained`, tying, and `prepare_attention_inputs`."""
+    """Base of every model: `from_pretrained`, `save_pretrained`, initialisation and tying.
+
+    A base model sets `mask_converters` (one per attention kind its layers use) and prepares its per-forward inputs
+    with `modeling_inputs.prepare_attention_inputs`."""
 
     config_class: ClassVar[type[PretrainedConfig]] = PretrainedConfig
     base_model_prefix: ClassVar[str] = "model"
@@ -58,6 +43,7 @@ class PreTrainedModel(nn.Module):
     max_positions: int | None = None
     # The lowest position id the table takes (OPT's offset rows hold upstream's padding position -1).
     min_position: ClassVar[int] = 0
+    mask_converters: dict[str, AttentionMaskConverter]
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
@@ -74,101 +60,6 @@ class PreTrainedModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
-
-    # ------------------------------------------------------------------ forward helpers
-    def prepare_attention_inputs(
-        self,
-        mask_converters: dict[str, AttentionMaskConverter],
-        *,
-        batch_size: int,
-        q_len: int,
-        device: torch.device,
-        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None,
-        position_ids: torch.Tensor | None,
-        past_key_values: Cache | None,
-        cache_position: torch.Tensor | None,
-        use_cache: bool | None,
-        with_key_positions: bool = False,
-    ) -> AttentionInputs:
-        """Resolve the cache, `cache_position` `[q_len]`, `position_ids` `[batch, q_len]` and one 4D mask per
-        attention kind (`mask_converters` keys, e.g. "full_attention", "sliding_attention").
-
-        `attention_mask` is None, a 2D padding mask, a 4D mask used as given for every kind, or a dict of 4D masks
-        by kind (what generate passes). Defaults: a DynamicCache when caching and none is given; cache positions
-        right after what the cache holds; positions from the 2D padding mask's cumsum (so left-padded rows start
-        at 0), else the cache positions. `with_key_positions` adds the position of every key slot (from the cache).
-        """
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
-        if cache_position is None:
-            if past_key_values is not None and past_key_values.max_cache_len is not None:
-                raise ValueError("cache_position [q_len] is required with a StaticCache: the slots to write")
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
-            cache_position = torch.arange(past, past + q_len, device=device)
-        if cache_position.shape != (q_len,):
-            raise ValueError(f"cache_position must have shape [{q_len}] (q_len), got {list(cache_position.shape)}")
-        if past_key_values is not None and not torch.compiler.is_compiling():
-            past_key_values.validate(batch_size, cache_position)
-        kv_len = past_key_values.kv_len(q_len) if past_key_values is not None else q_len
-        by_kind = (
-            attention_mask if isinstance(attention_mask, dict) else dict.fromkeys(mask_converters, attention_mask)
-        )
-        if by_kind.keys() != mask_converters.keys():
-            raise ValueError(
-                f"attention_mask dict must have one mask per kind {sorted(mask_converters)}, got {sorted(by_kind)}"
-            )
-        masks = {
-            kind: converter.to_4d(
-                by_kind[kind],
-                batch_size=batch_size,
-                q_len=q_len,
-                kv_len=kv_len,
-                cache_position=cache_position,
-                dtype=self.dtype,
-            )
-            for kind, converter in mask_converters.items()
-        }
-        if position_ids is None:
-            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-                position_ids = position_ids_from_padding(attention_mask, cache_position)
-            else:
-                position_ids = cache_position[None].expand(batch_size, q_len)
-        if not torch.compiler.is_compiling():  # before any cache write; generate sizes compiled calls up front
-            self._check_position_table(position_ids)
-        key_positions = None
-        if with_key_positions:
-            key_positions = (
-                position_ids
-                if past_key_values is None
-                else past_key_values.update_positions(position_ids, cache_position)
-            )
-        return AttentionInputs(masks, position_ids, cache_position, past_key_values, key_positions)
-
-    def _check_position_table(self, position_ids: torch.Tensor) -> None:
-        """A clear ValueError for positions outside the model's position table (one host read)."""
-        if self.max_positions is None or not position_ids.numel():
-            return
-        low, high = torch.stack(torch.aminmax(position_ids)).tolist()
-        if low < self.min_position or high >= self.max_positions:
-            raise ValueError(
-                f"position_ids span {low}..{high}, outside {type(self).__name__}'s position table of "
-                f"{self.max_positions} positions (valid positions {self.min_position}..{self.max_positions - 1}; "
-                "config n_positions / max_position_embeddings)"
-            )
-
-    @staticmethod
-    def embed_inputs(
-        input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, embed_tokens: nn.Module
-    ) -> torch.Tensor:
-        """`[batch, q_len, hidden]` embeddings from exactly one of `input_ids` `[batch, q_len]` or `inputs_embeds`."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids [batch, q_len] or inputs_embeds [batch, q_len, hidden]")
-        if inputs_embeds is not None:
-            return inputs_embeds
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be 2D [batch, q_len], got shape {list(input_ids.shape)}")
-        return embed_tokens(input_ids)
 
     def post_init(self) -> None:
         """Initialise weights (normal with the config's `initializer_range`) and tie them."""
@@ -216,11 +107,17 @@ class PreTrainedModel(nn.Module):
         with _default_dtype(target_dtype):
             model = cls(config)
         model.load_checkpoint_state_dict(state_dict)
-        if os.path.isfile(os.path.join(path, GENERATION_CONFIG_NAME)):
-            model.generation_config = GenerationConfig.from_pretrained(path)
+        model.load_pretrained_extras(path)
         if device is not None:
             model.to(device)
         return model.eval()
+
+    def load_pretrained_extras(self, path: str) -> None:
+        """Read what a checkpoint directory holds besides config and weights (a generating model: its
+        generation_config.json). Nothing here."""
+
+    def save_pretrained_extras(self, save_directory: str) -> None:
+        """Write what `load_pretrained_extras` reads. Nothing here."""
 
     def load_checkpoint_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy checkpoint tensors in, matching names across base/head prefixes; every weight must be present."""
@@ -265,51 +162,10 @@ class PreTrainedModel(nn.Module):
         self.config.architectures = [type(self).__name__]
         self.config.dtype = self.dtype
         self.config.save_pretrained(save_directory)
-        if getattr(self, "generation_config", None) is not None:
-            self.generation_config.save_pretrained(save_directory)
+        self.save_pretrained_extras(os.fspath(save_directory))
         tied = set(self._tied_weights_keys) if self.config.tie_word_embeddings else set()
         state_dict = {k: v.detach().contiguous() for k, v in self.state_dict().items() if k not in tied}
         save_state_dict(state_dict, os.fspath(save_directory), _parse_size(max_shard_size))
-
-
-class CausalLMMixin(GenerationMixin):
-    """The language-model head's forward, shared by every `*ForCausalLM`: base model, `lm_head`, loss."""
-
-    lm_head: nn.Linear
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        cache_position: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
-    ) -> CausalLMOutputWithPast:
-        """Logits `[batch, q_len, vocab]` (the last `logits_to_keep` positions only, when > 0) and the loss
-        when `labels` are given."""
-        outputs = getattr(self, self.base_model_prefix)(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            cache_position=cache_position,
-            use_cache=use_cache,
-            inputs_embeds=inputs_embeds,
-        )
-        logits = self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:])
-        loss = causal_lm_loss(logits, labels) if labels is not None else None
-        return CausalLMOutputWithPast(logits=logits, past_key_values=outputs.past_key_values, loss=loss)
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in float32; labels of -100 are ignored."""
-    shifted = logits[:, :-1].float().reshape(-1, logits.shape[-1])  # [batch * (q_len - 1), vocab]
-    targets = labels[:, 1:].reshape(-1).to(logits.device)
-    return F.cross_entropy(shifted, targets, ignore_index=-100)
 
 
 @contextmanager

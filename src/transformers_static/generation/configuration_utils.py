@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -53,6 +54,16 @@ class GenerationConfig:
             raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def padded_prompt_len(self, prompt_len: int) -> int:
+        """The static path's prompt length: left-padded to whole prefill chunks."""
+        return math.ceil(prompt_len / self.prefill_chunk_size) * self.prefill_chunk_size
+
+    def static_cache_len(self, prompt_len: int, max_new_tokens: int) -> int:
+        """The StaticCache capacity `generate` allocates: the padded prompt plus `max_new_tokens`, rounded up to a
+        multiple of `cache_bucket_size`."""
+        needed = self.padded_prompt_len(prompt_len) + max_new_tokens
+        return math.ceil(needed / self.cache_bucket_size) * self.cache_bucket_size
 
     @property
     def eos_token_ids(self) -> list[int]:

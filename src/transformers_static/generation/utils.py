@@ -7,13 +7,14 @@ The static path (default) is built so a compiled forward sees exactly two input 
     decode    input_ids [batch, 1]      mask [batch, 1, 1, max_cache_len]      cache_position [1]
 
 The prompt is left-padded to a multiple of the chunk size (positions come from the padding mask, so extra left
-padding changes nothing), the decode mask is one buffer updated in place by the AttentionMaskConverter, and
-`cache_position` / `position_ids` are tensors advanced in place: no Python number changes between steps.
+padding changes nothing); each prefill chunk hands the model the 2D padding mask at the cache's full length (the
+model makes its 4D masks from it); the decode masks are `StaticDecodeMask` buffers this call owns, updated in place;
+and `cache_position` / `position_ids` are tensors advanced in place: no Python number changes between steps.
 """
 
 from __future__ import annotations
 
-import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,8 +22,8 @@ from typing import Any, Protocol
 import torch
 
 from ..cache_utils import DynamicCache, StaticCache
-from ..modeling_attn_mask_utils import AttentionMaskConverter
-from .configuration_utils import GenerationConfig
+from ..modeling_attn_mask_utils import StaticDecodeMask, mask_converters, position_ids_from_padding
+from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig
 from .logits_process import next_tokens
 
 
@@ -48,16 +49,27 @@ class _Session:
     cache: StaticCache | DynamicCache
     cache_position: torch.Tensor  # [q_len]: slot(s) the next forward writes
     position_ids: torch.Tensor  # [batch, 1]: position of the next token
-    mask: torch.Tensor | dict[str, torch.Tensor]  # static: decode masks by kind [batch, 1, 1, max_cache_len];
-    # dynamic: the 2D padding mask [batch, past + 1]
-    converters: dict[str, AttentionMaskConverter] | None  # static only: own the decode masks, advance them
+    padding_mask: torch.Tensor | None  # dynamic only: the 2D padding mask [batch, past + 1], grown per step
+    decode_masks: dict[str, StaticDecodeMask] | None  # static only: per kind, [batch, 1, 1, max_cache_len]
 
 
 class GenerationMixin:
-    """Adds `generate` to a causal-LM model (anything whose forward follows CausalLMMixin's signature)."""
+    """Adds `generate` and the generation config to a causal-LM model (anything whose forward follows
+    CausalLMMixin's signature)."""
 
     generation_config: GenerationConfig
     max_positions: int | None
+
+    def load_pretrained_extras(self, path: str) -> None:
+        """Read the checkpoint's generation_config.json, if it has one."""
+        super().load_pretrained_extras(path)
+        if os.path.isfile(os.path.join(path, GENERATION_CONFIG_NAME)):
+            self.generation_config = GenerationConfig.from_pretrained(path)
+
+    def save_pretrained_extras(self, save_directory: str) -> None:
+        super().save_pretrained_extras(save_directory)
+        if getattr(self, "generation_config", None) is not None:
+            self.generation_config.save_pretrained(save_directory)
 
     @torch.no_grad()
     def generate(
@@ -83,7 +95,7 @@ class GenerationMixin:
         config = self._generation_config(generation_config, kwargs)
         attention_mask = self._prompt_mask(input_ids, attention_mask, config)
         max_new_tokens = config.max_new_tokens or max(config.max_length - input_ids.shape[1], 1)
-        self._check_position_table(attention_mask, max_new_tokens)
+        self._check_fits_position_table(attention_mask, max_new_tokens)
         if config.cache_implementation == "static":
             session, logits = self._prefill_static(input_ids, attention_mask, config, max_new_tokens, past_key_values)
         else:
@@ -151,7 +163,8 @@ class GenerationMixin:
             )
         return attention_mask.long()
 
-    def _check_position_table(self, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
+    def _check_fits_position_table(self, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
+        """A clear ValueError when the longest prompt plus `max_new_tokens` would leave a position table."""
         limit = self.max_positions
         if limit is None:
             return
@@ -174,41 +187,36 @@ class GenerationMixin:
         """Left-pad the prompt to whole chunks, prefill chunk by chunk, and set up the in-place decode state."""
         batch, prompt_len = input_ids.shape
         chunk = config.prefill_chunk_size
-        padded_len = math.ceil(prompt_len / chunk) * chunk
+        padded_len = config.padded_prompt_len(prompt_len)
         pad = padded_len - prompt_len
         ids = torch.nn.functional.pad(input_ids, (pad, 0), value=0)  # [batch, padded_len]; padding is masked
         prompt_mask = torch.nn.functional.pad(attention_mask, (pad, 0), value=0)
-        cache = self._static_cache(batch, padded_len + max_new_tokens, config, cache)
+        cache = self._static_cache(batch, prompt_len, max_new_tokens, config, cache)
         # The 2D padding mask at the cache's full length; slots after the prompt hold generated (real) tokens.
         padding = torch.ones(batch, cache.max_cache_len, dtype=torch.bool, device=ids.device)
         padding[:, :padded_len] = prompt_mask.bool()
-        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [batch, padded_len]
-        converters = self._mask_converters()
+        positions = position_ids_from_padding(prompt_mask)  # [batch, padded_len]
         for start in range(0, padded_len, chunk):
-            cache_position = torch.arange(start, start + chunk, device=ids.device)
-            masks = {
-                kind: converter.to_4d(
-                    padding, batch_size=batch, q_len=chunk, kv_len=cache.max_cache_len, cache_position=cache_position
-                )
-                for kind, converter in converters.items()
-            }  # per kind: [batch, 1, chunk, max_cache_len]
             logits = self(
                 ids[:, start : start + chunk].contiguous(),  # contiguous: strides must not vary with prompt length
-                attention_mask=masks,
+                attention_mask=padding,
                 position_ids=positions[:, start : start + chunk].contiguous(),
                 past_key_values=cache,
-                cache_position=cache_position,
+                cache_position=torch.arange(start, start + chunk, device=ids.device),
                 logits_to_keep=1,
             ).logits[:, -1]
         last = torch.tensor([padded_len - 1], device=ids.device)
-        decode_masks = {kind: converter.start_decoding(padding, last) for kind, converter in converters.items()}
-        session = _Session(self, cache, last + 1, positions[:, -1:] + 1, decode_masks, converters)
+        decode_masks = {
+            kind: StaticDecodeMask(converter, padding, last)
+            for kind, converter in mask_converters(self.config).items()
+        }
+        session = _Session(self, cache, last + 1, positions[:, -1:] + 1, None, decode_masks)
         return session, logits
 
     def _prefill_dynamic(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[_Session, torch.Tensor]:
         """The classic path: a DynamicCache and a 2D mask that grows by a column per step."""
         prompt_len = input_ids.shape[1]
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        positions = position_ids_from_padding(attention_mask)  # [batch, prompt_len]
         cache_position = torch.arange(prompt_len, device=input_ids.device)
         cache = DynamicCache()
         logits = self(
@@ -223,11 +231,12 @@ class GenerationMixin:
         return session, logits
 
     def _static_cache(
-        self, batch: int, needed: int, config: GenerationConfig, cache: StaticCache | None
+        self, batch: int, prompt_len: int, max_new_tokens: int, config: GenerationConfig, cache: StaticCache | None
     ) -> StaticCache:
         """The user's cache if it fits, else one reused across calls of the same bucket (stable addresses for
-        compiled graphs), else a new one of capacity rounded up to `cache_bucket_size`."""
+        compiled graphs), else a new one of `config.static_cache_len(...)` slots."""
         if cache is not None:
+            needed = config.padded_prompt_len(prompt_len) + max_new_tokens
             if batch > cache.max_batch_size:
                 raise ValueError(
                     f"batch size {batch} is larger than the given StaticCache's max_batch_size {cache.max_batch_size}"
@@ -238,18 +247,13 @@ class GenerationMixin:
                     "(prompt padded to whole prefill chunks + max_new_tokens)"
                 )
             return cache
-        capacity = math.ceil(needed / config.cache_bucket_size) * config.cache_bucket_size
+        capacity = config.static_cache_len(prompt_len, max_new_tokens)
         cached = getattr(self, "_generation_cache", None)
         key = (batch, capacity, self.dtype, self.device)
         if cached is None or cached[0] != key:
             cached = (key, StaticCache(self.config, batch, capacity, dtype=self.dtype, device=self.device))
             self._generation_cache = cached
         return cached[1]
-
-    def _mask_converters(self) -> dict[str, AttentionMaskConverter]:
-        """Fresh converters of the model's mask kinds (their decode buffers belong to this call)."""
-        model_converters = getattr(self, self.base_model_prefix).mask_converters
-        return {kind: AttentionMaskConverter(c.sliding_window) for kind, c in model_converters.items()}
 
     # ------------------------------------------------------------------ decode
     def _decode(
@@ -284,11 +288,11 @@ class GenerationMixin:
 
     def _decode_one_token(self, session: _Session, token: torch.Tensor) -> torch.Tensor:
         """One forward for `token` `[batch]`; the step's inputs are advanced in place for the static path."""
-        if session.converters is not None:
-            mask = {kind: c.advance(session.cache_position) for kind, c in session.converters.items()}
+        if session.decode_masks is not None:
+            mask = {kind: m.advance(session.cache_position) for kind, m in session.decode_masks.items()}
         else:
-            session.mask = torch.cat([session.mask, session.mask.new_ones(session.mask.shape[0], 1)], dim=-1)
-            mask = session.mask
+            grown = torch.cat([session.padding_mask, session.padding_mask.new_ones(token.shape[0], 1)], dim=-1)
+            session.padding_mask = mask = grown
         logits = session.forward(
             token[:, None],
             attention_mask=mask,

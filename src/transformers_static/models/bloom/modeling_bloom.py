@@ -15,11 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...attention_utils import get_attention_function
+from ...attention_utils import attention_forward
 from ...cache_utils import Cache
 from ...modeling_attn_mask_utils import AttentionMaskConverter, attention_type, mask_converters
+from ...modeling_causal_lm import CausalLMMixin
+from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
 from ...modeling_outputs import BaseModelOutputWithPast
-from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
+from ...modeling_utils import PreTrainedModel
 from .configuration_bloom import BloomConfig
 
 
@@ -99,20 +101,18 @@ class BloomAttention(nn.Module):
         batch, q_len, _ = hidden_states.shape
         fused_qkv = self.query_key_value(hidden_states).view(batch, q_len, self.num_heads, 3, self.head_dim)
         query, key, value = fused_qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each [batch, heads, q_len, head_dim]
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx, cache_position)  # [.., kv_len, ..]
-
-        attention = get_attention_function(self.config._attn_implementation)
-        attn_output, _ = attention(
+        attn_output = attention_forward(
             self,
             query,
             key,
             value,
             attention_mask,
+            cache_position=cache_position,
+            past_key_values=past_key_values,
             scaling=self.scaling,
-            dropout=self.attention_dropout if self.training else 0.0,
-        )  # [batch, q_len, heads, head_dim]
-        return self.dense(attn_output.reshape(batch, q_len, self.hidden_size))  # [batch, q_len, hidden]
+            dropout=self.attention_dropout,
+        )  # [batch, q_len, heads * head_dim]
+        return self.dense(attn_output)
 
 
 class BloomBlock(nn.Module):
@@ -176,13 +176,10 @@ class BloomModel(BloomPreTrainedModel):
         """Final hidden states `[batch, q_len, hidden]`. The ALiBi bias uses every key slot's position: the
         `position_ids` of the tokens stored in the cache (default: from the 2D padding mask's cumsum, else from
         `cache_position`); only differences within a row matter, so a constant shift per row changes nothing."""
-        inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.word_embeddings)  # [batch, q_len, hidden]
-        batch, q_len, _ = inputs_embeds.shape
-        inputs = self.prepare_attention_inputs(
-            self.mask_converters,
-            batch_size=batch,
-            q_len=q_len,
-            device=inputs_embeds.device,
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.word_embeddings)  # [batch, q_len, hidden]
+        inputs = prepare_attention_inputs(
+            self,
+            inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,

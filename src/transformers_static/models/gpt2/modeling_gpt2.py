@@ -8,11 +8,13 @@ import torch
 from torch import nn
 
 from ...activations import get_activation
-from ...attention_utils import get_attention_function
+from ...attention_utils import attention_forward
 from ...cache_utils import Cache
 from ...modeling_attn_mask_utils import attention_type, mask_converters
+from ...modeling_causal_lm import CausalLMMixin
+from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
 from ...modeling_outputs import BaseModelOutputWithPast
-from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
+from ...modeling_utils import PreTrainedModel
 from .configuration_gpt2 import GPT2Config
 
 
@@ -84,20 +86,17 @@ class GPT2Attention(nn.Module):
         query = query.view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
         key = key.view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
         value = value.view(hidden_shape).transpose(1, 2)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx, cache_position)  # [.., kv_len, ..]
-
-        attention = get_attention_function(self.config._attn_implementation)
-        attn_output, _ = attention(
+        attn_output = attention_forward(
             self,
             query,
             key,
             value,
             attention_mask,
+            cache_position=cache_position,
+            past_key_values=past_key_values,
             scaling=self.scaling,
-            dropout=self.attention_dropout if self.training else 0.0,
-        )  # [batch, q_len, heads, head_dim]
-        attn_output = attn_output.reshape(batch, q_len, self.embed_dim)  # [batch, q_len, hidden]
+            dropout=self.attention_dropout,
+        )  # [batch, q_len, heads * head_dim]
         return self.resid_dropout(self.c_proj(attn_output))
 
 
@@ -176,20 +175,16 @@ class GPT2Model(GPT2PreTrainedModel):
     ) -> BaseModelOutputWithPast:
         """Final hidden states `[batch, q_len, hidden]`. Positions come from `position_ids`, else from the 2D
         padding mask's cumsum (left-padded rows start at 0), else from `cache_position`."""
-        inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.wte)  # [batch, q_len, hidden]
-        batch, q_len, _ = inputs_embeds.shape
-        inputs = self.prepare_attention_inputs(
-            self.mask_converters,
-            batch_size=batch,
-            q_len=q_len,
-            device=inputs_embeds.device,
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.wte)  # [batch, q_len, hidden]
+        inputs = prepare_attention_inputs(
+            self,
+            inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,
             cache_position=cache_position,
             use_cache=use_cache,
         )
-        # One host read per forward, before any cache write; compiled code skips it (generate sizes positions).
         hidden_states = self.drop(inputs_embeds + self.wpe(inputs.position_ids))  # [batch, q_len, hidden]
         for block in self.h:
             hidden_states = block(hidden_states, inputs)

@@ -14,11 +14,13 @@ import torch
 from torch import nn
 
 from ...activations import get_activation
-from ...attention_utils import get_attention_function
+from ...attention_utils import attention_forward
 from ...cache_utils import Cache
-from ...modeling_attn_mask_utils import AttentionMaskConverter, attention_type, mask_converters
+from ...modeling_attn_mask_utils import attention_type, mask_converters
+from ...modeling_causal_lm import CausalLMMixin
+from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
 from ...modeling_outputs import BaseModelOutputWithPast
-from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
+from ...modeling_utils import PreTrainedModel
 from .configuration_opt import OPTConfig
 
 
@@ -64,20 +66,18 @@ class OPTAttention(nn.Module):
         query = query.view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
         key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
         value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx, cache_position)  # [.., kv_len, ..]
-
-        attention = get_attention_function(self.config._attn_implementation)
-        attn_output, _ = attention(
+        attn_output = attention_forward(
             self,
             query,
             key,
             value,
             attention_mask,
+            cache_position=cache_position,
+            past_key_values=past_key_values,
             scaling=1.0,
-            dropout=self.attention_dropout if self.training else 0.0,
-        )  # [batch, q_len, heads, head_dim]
-        return self.out_proj(attn_output.reshape(batch, q_len, self.embed_dim))  # [batch, q_len, hidden]
+            dropout=self.attention_dropout,
+        )  # [batch, q_len, heads * head_dim]
+        return self.out_proj(attn_output)
 
 
 class OPTDecoderLayer(nn.Module):
@@ -171,13 +171,10 @@ class OPTDecoder(OPTPreTrainedModel):
     ) -> BaseModelOutputWithPast:
         """Final hidden states `[batch, q_len, word_embed_proj_dim]`. Positions come from `position_ids`, else from
         the 2D padding mask's cumsum (left-padded rows start at 0), else from `cache_position`."""
-        inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.embed_tokens)  # [batch, q_len, proj_dim]
-        batch, q_len, _ = inputs_embeds.shape
-        inputs = self.prepare_attention_inputs(
-            self.mask_converters,
-            batch_size=batch,
-            q_len=q_len,
-            device=inputs_embeds.device,
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens)  # [batch, q_len, proj_dim]
+        inputs = prepare_attention_inputs(
+            self,
+            inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,
@@ -205,11 +202,6 @@ class OPTModel(OPTPreTrainedModel):
         super().__init__(config)
         self.decoder = OPTDecoder(config)
         self.post_init()
-
-    @property
-    def mask_converters(self) -> dict[str, AttentionMaskConverter]:
-        """The decoder's converters (generate reads them from the base model)."""
-        return self.decoder.mask_converters
 
     def forward(
         self,

@@ -7,12 +7,14 @@ import torch
 from torch import nn
 
 from ...activations import get_activation
-from ...attention_utils import get_attention_function
+from ...attention_utils import attention_forward
 from ...cache_utils import Cache
 from ...modeling_attn_mask_utils import attention_type, mask_converters
+from ...modeling_causal_lm import CausalLMMixin
+from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
 from ...modeling_outputs import BaseModelOutputWithPast
 from ...modeling_rope_utils import compute_inv_freq
-from ...modeling_utils import AttentionInputs, CausalLMMixin, PreTrainedModel
+from ...modeling_utils import PreTrainedModel
 from .configuration_phi import PhiConfig, head_dim, rotary_ndims
 
 
@@ -112,20 +114,18 @@ class PhiAttention(nn.Module):
 
         cos, sin = position_embeddings
         query, key = apply_partial_rotary_pos_emb(query, key, cos, sin)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx, cache_position)
-
-        attention = get_attention_function(self.config._attn_implementation)
-        attn_output, _ = attention(
+        attn_output = attention_forward(
             self,
             query,
             key,
             value,
             attention_mask,
+            cache_position=cache_position,
+            past_key_values=past_key_values,
             scaling=self.scaling,
-            dropout=self.attention_dropout if self.training else 0.0,
-        )  # [batch, q_len, heads, head_dim]
-        return self.dense(attn_output.reshape(batch, q_len, -1))  # [batch, q_len, hidden]
+            dropout=self.attention_dropout,
+        )  # [batch, q_len, heads * head_dim]
+        return self.dense(attn_output)
 
 
 class PhiDecoderLayer(nn.Module):
@@ -185,13 +185,10 @@ class PhiModel(PhiPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPast:
         """Final hidden states `[batch, q_len, hidden]` (after `final_layernorm`)."""
-        inputs_embeds = self.embed_inputs(input_ids, inputs_embeds, self.embed_tokens)  # [batch, q_len, hidden]
-        batch, q_len, _ = inputs_embeds.shape
-        inputs = self.prepare_attention_inputs(
-            self.mask_converters,
-            batch_size=batch,
-            q_len=q_len,
-            device=inputs_embeds.device,
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens)  # [batch, q_len, hidden]
+        inputs = prepare_attention_inputs(
+            self,
+            inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,

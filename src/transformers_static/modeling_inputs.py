@@ -1,0 +1,126 @@
+"""What every base model prepares once per forward, before its layers: the input embeddings, the cache,
+`cache_position`, `position_ids`, one 4D mask per attention kind, and (for ALiBi) every key slot's position."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .cache_utils import Cache, DynamicCache
+from .modeling_attn_mask_utils import position_ids_from_padding
+
+if TYPE_CHECKING:
+    from .modeling_utils import PreTrainedModel
+
+
+@dataclass
+class AttentionInputs:
+    """What every decoder layer needs besides hidden states, prepared once per forward."""
+
+    masks: dict[str, torch.Tensor]  # per attention kind: [batch, 1 | heads, q_len, kv_len], bool or additive float
+    position_ids: torch.Tensor  # [batch, q_len]
+    cache_position: torch.Tensor  # [q_len]
+    past_key_values: Cache | None
+    key_positions: torch.Tensor | None = None  # [batch, kv_len], only for models that ask (ALiBi)
+
+
+def embed_inputs(
+    input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, embed_tokens: nn.Module
+) -> torch.Tensor:
+    """`[batch, q_len, hidden]` embeddings from exactly one of `input_ids` `[batch, q_len]` or `inputs_embeds`."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Pass exactly one of input_ids [batch, q_len] or inputs_embeds [batch, q_len, hidden]")
+    if inputs_embeds is not None:
+        return inputs_embeds
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2D [batch, q_len], got shape {list(input_ids.shape)}")
+    return embed_tokens(input_ids)
+
+
+def prepare_attention_inputs(
+    model: PreTrainedModel,
+    inputs_embeds: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | dict[str, torch.Tensor] | None,
+    position_ids: torch.Tensor | None,
+    past_key_values: Cache | None,
+    cache_position: torch.Tensor | None,
+    use_cache: bool | None,
+    with_key_positions: bool = False,
+) -> AttentionInputs:
+    """Resolve the cache, `cache_position` `[q_len]`, `position_ids` `[batch, q_len]` and one 4D mask per attention
+    kind (the keys of `model.mask_converters`) for `inputs_embeds` `[batch, q_len, hidden]`.
+
+    `attention_mask` is None, a 2D padding mask, a 4D mask used as given for every kind, or a dict of 4D masks by
+    kind (what generate's decode steps pass). Defaults: a DynamicCache when caching and none is given; cache
+    positions right after what the cache holds; positions from the 2D padding mask, else the cache positions.
+    `with_key_positions` adds the position of every key slot (recorded by the cache).
+    """
+    batch_size, q_len, _ = inputs_embeds.shape
+    use_cache = model.config.use_cache if use_cache is None else use_cache
+    if use_cache and past_key_values is None:
+        past_key_values = DynamicCache()
+    cache_position = _cache_position(cache_position, past_key_values, q_len, inputs_embeds.device)
+    if past_key_values is not None and not torch.compiler.is_compiling():
+        past_key_values.validate(batch_size, cache_position)
+    kv_len = past_key_values.kv_len(q_len) if past_key_values is not None else q_len
+    converters = model.mask_converters
+    by_kind = attention_mask if isinstance(attention_mask, dict) else dict.fromkeys(converters, attention_mask)
+    if by_kind.keys() != converters.keys():
+        raise ValueError(
+            f"attention_mask dict must have one mask per kind {sorted(converters)}, got {sorted(by_kind)}"
+        )
+    masks = {
+        kind: converter.to_4d(
+            by_kind[kind],
+            batch_size=batch_size,
+            q_len=q_len,
+            kv_len=kv_len,
+            cache_position=cache_position,
+            dtype=model.dtype,
+        )
+        for kind, converter in converters.items()
+    }
+    if position_ids is None:
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+            position_ids = position_ids_from_padding(attention_mask, cache_position)
+        else:
+            position_ids = cache_position[None].expand(batch_size, q_len)
+    if not torch.compiler.is_compiling():  # before any cache write; generate sizes compiled calls up front
+        check_position_ids(model, position_ids)
+    key_positions = None
+    if with_key_positions:
+        key_positions = (
+            position_ids if past_key_values is None else past_key_values.update_positions(position_ids, cache_position)
+        )
+    return AttentionInputs(masks, position_ids, cache_position, past_key_values, key_positions)
+
+
+def _cache_position(
+    cache_position: torch.Tensor | None, cache: Cache | None, q_len: int, device: torch.device
+) -> torch.Tensor:
+    """The given `cache_position` `[q_len]`, checked, or the slots right after what a dynamic cache holds."""
+    if cache_position is None:
+        if cache is not None and cache.max_cache_len is not None:
+            raise ValueError("cache_position [q_len] is required with a StaticCache: the slots to write")
+        past = cache.get_seq_length() if cache is not None else 0
+        cache_position = torch.arange(past, past + q_len, device=device)
+    if cache_position.shape != (q_len,):
+        raise ValueError(f"cache_position must have shape [{q_len}] (q_len), got {list(cache_position.shape)}")
+    return cache_position
+
+
+def check_position_ids(model: PreTrainedModel, position_ids: torch.Tensor) -> None:
+    """A clear ValueError for positions outside the model's position table, if it has one (one host read)."""
+    if model.max_positions is None or not position_ids.numel():
+        return
+    low, high = torch.stack(torch.aminmax(position_ids)).tolist()
+    if low < model.min_position or high >= model.max_positions:
+        raise ValueError(
+            f"position_ids span {low}..{high}, outside {type(model).__name__}'s position table of "
+            f"{model.max_positions} positions (valid positions {model.min_position}..{model.max_positions - 1}; "
+            "config n_positions / max_position_embeddings)"
+        )
