@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import transformers
 
 from transformers_static import DynamicCache, LlamaConfig, StaticCache
 
@@ -67,3 +68,13 @@ def test_static_cache_reset_zeroes_in_place() -> None:
     cache.reset()
     assert cache.key_cache[0].data_ptr() == address
     assert not any(t.any() for t in (*cache.key_cache, *cache.value_cache, cache.key_positions))
+
+
+def test_static_cache_seq_length_counts_written_slots_like_upstream() -> None:
+    ours = StaticCache(CONFIG, max_batch_size=1, max_cache_len=6)
+    theirs = transformers.StaticCache(config=transformers.LlamaConfig(**CONFIG.to_dict()), max_cache_len=6)
+    assert ours.get_seq_length() == 0
+    for layer in range(2):
+        ours.update(states(1, 3, 1.0), states(1, 3, 1.0), layer, torch.arange(3))
+        theirs.update(states(1, 3, 1.0), states(1, 3, 1.0), layer, cache_kwargs={"cache_position": torch.arange(3)})
+    assert ours.get_seq_length() == int(theirs.get_seq_length()) == 3

@@ -1,4 +1,11 @@
-"""transformers-static: Hugging Face-style causal LMs whose generation compiles once (static 4D masks, static caches)."""
+"""transformers-static: Hugging Face-style causal LMs whose generation compiles once (static 4D masks, static caches).
+
+Architecture classes (`LlamaConfig`, `LlamaModel`, `LlamaForCausalLM`, ...) are imported on first use, from the
+same tables the auto classes use, so `import transformers_static` loads no model file.
+"""
+
+import importlib
+from typing import Any
 
 from .cache_utils import Cache, DynamicCache, StaticCache
 from .configuration_utils import PretrainedConfig
@@ -6,79 +13,44 @@ from .generation import GenerationConfig, GenerationMixin
 from .modeling_attn_mask_utils import AttentionMaskConverter
 from .modeling_utils import PreTrainedModel
 from .models.auto import AutoConfig, AutoModel, AutoModelForCausalLM
-from .models.bloom.configuration_bloom import BloomConfig
-from .models.bloom.modeling_bloom import BloomForCausalLM, BloomModel
-from .models.falcon.configuration_falcon import FalconConfig
-from .models.falcon.modeling_falcon import FalconForCausalLM, FalconModel
-from .models.gemma.configuration_gemma import GemmaConfig
-from .models.gemma.modeling_gemma import GemmaForCausalLM, GemmaModel
-from .models.gemma2.configuration_gemma2 import Gemma2Config
-from .models.gemma2.modeling_gemma2 import Gemma2ForCausalLM, Gemma2Model
-from .models.gpt2.configuration_gpt2 import GPT2Config
-from .models.gpt2.modeling_gpt2 import GPT2LMHeadModel, GPT2Model
-from .models.gpt_neox.configuration_gpt_neox import GPTNeoXConfig
-from .models.gpt_neox.modeling_gpt_neox import GPTNeoXForCausalLM, GPTNeoXModel
-from .models.gptj.configuration_gptj import GPTJConfig
-from .models.gptj.modeling_gptj import GPTJForCausalLM, GPTJModel
-from .models.llama.configuration_llama import LlamaConfig
-from .models.llama.modeling_llama import LlamaForCausalLM, LlamaModel
-from .models.mistral.configuration_mistral import MistralConfig
-from .models.mistral.modeling_mistral import MistralForCausalLM, MistralModel
-from .models.opt.configuration_opt import OPTConfig
-from .models.opt.modeling_opt import OPTForCausalLM, OPTModel
-from .models.phi.configuration_phi import PhiConfig
-from .models.phi.modeling_phi import PhiForCausalLM, PhiModel
-from .models.qwen2.configuration_qwen2 import Qwen2Config
-from .models.qwen2.modeling_qwen2 import Qwen2ForCausalLM, Qwen2Model
+from .models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+from .models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
 __version__ = "0.1.0"
+
+# Public architecture class -> the module defining it, relative to this package.
+_ARCHITECTURE_CLASSES = {
+    name: f".models.{model_type}.{kind}_{model_type}"
+    for kind, mapping in (
+        ("configuration", CONFIG_MAPPING_NAMES),
+        ("modeling", MODEL_MAPPING_NAMES),
+        ("modeling", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+    )
+    for model_type, name in mapping.items()
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ARCHITECTURE_CLASSES:
+        return getattr(importlib.import_module(_ARCHITECTURE_CLASSES[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "AttentionMaskConverter",
     "AutoConfig",
     "AutoModel",
     "AutoModelForCausalLM",
-    "BloomConfig",
-    "BloomForCausalLM",
-    "BloomModel",
     "Cache",
     "DynamicCache",
-    "FalconConfig",
-    "FalconForCausalLM",
-    "FalconModel",
-    "GPT2Config",
-    "GPT2LMHeadModel",
-    "GPT2Model",
-    "GPTJConfig",
-    "GPTJForCausalLM",
-    "GPTJModel",
-    "GPTNeoXConfig",
-    "GPTNeoXForCausalLM",
-    "GPTNeoXModel",
-    "Gemma2Config",
-    "Gemma2ForCausalLM",
-    "Gemma2Model",
-    "GemmaConfig",
-    "GemmaForCausalLM",
-    "GemmaModel",
     "GenerationConfig",
     "GenerationMixin",
-    "LlamaConfig",
-    "LlamaForCausalLM",
-    "LlamaModel",
-    "MistralConfig",
-    "MistralForCausalLM",
-    "MistralModel",
-    "OPTConfig",
-    "OPTForCausalLM",
-    "OPTModel",
-    "PhiConfig",
-    "PhiForCausalLM",
-    "PhiModel",
     "PreTrainedModel",
     "PretrainedConfig",
-    "Qwen2Config",
-    "Qwen2ForCausalLM",
-    "Qwen2Model",
     "StaticCache",
+    *sorted(_ARCHITECTURE_CLASSES),
 ]

@@ -18,7 +18,7 @@ class Cache:
         raise NotImplementedError
 
     def get_seq_length(self) -> int:
-        """Tokens already stored (for a StaticCache: its capacity is `max_cache_len`; see `kv_len`)."""
+        """Tokens already stored (a StaticCache's capacity is `max_cache_len`; see `kv_len`)."""
         raise NotImplementedError
 
     def kv_len(self, q_len: int) -> int:
@@ -114,7 +114,9 @@ class StaticCache(Cache):
         return key_positions
 
     def get_seq_length(self) -> int:
-        raise NotImplementedError("a StaticCache does not track its length on the host; use cache_position")
+        """Slots written so far, counted as upstream counts them: the slots of the first layer and row holding a
+        nonzero key (one host read; the static path itself never asks, it passes `cache_position`)."""
+        return int(self.key_cache[0][0].any(dim=-1).any(dim=0).sum())
 
     def kv_len(self, q_len: int) -> int:
         return self.max_cache_len

@@ -229,11 +229,6 @@ class FalconModel(FalconPreTrainedModel):
         self.h = nn.ModuleList(FalconDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.rotary_emb = FalconRotaryEmbedding(config) if config.rotary else None
-        if config.alibi:
-            # Falcon rounds the slopes to bfloat16 before multiplying (all lie in [2**-8, 1), so later casts of the
-            # buffer to fp16 or fp32 keep them exactly).
-            slopes = alibi_slopes(config.num_attention_heads).bfloat16()
-            self.register_buffer("alibi_slopes", slopes, persistent=False)  # [heads]
         self.mask_converters = mask_converters(config)
         self.post_init()
 
@@ -273,7 +268,8 @@ class FalconModel(FalconPreTrainedModel):
 
     def _fold_alibi(self, inputs: AttentionInputs) -> AttentionInputs:
         """Fold the ALiBi bias of every key into every mask, which becomes additive `[batch, heads, q_len, kv_len]`."""
-        bias = build_alibi_bias(inputs.key_positions, self.alibi_slopes, self.config.head_dim, self.dtype)
+        slopes = alibi_slopes(self.config.num_attention_heads, self.device)  # [heads]
+        bias = build_alibi_bias(inputs.key_positions, slopes, self.config.head_dim, self.dtype)
         masks = {kind: AttentionMaskConverter.with_bias(mask, bias, self.dtype) for kind, mask in inputs.masks.items()}
         return dataclasses.replace(inputs, masks=masks)
 
