@@ -17,5 +17,5 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "safetensors>=0.4"],
     extras_require=extras,
-    entry_points={"console_scripts": ["transformers-static=transformers_static.cli:main"]},
+    entry_points={"console_scripts": ["transformers-static=transformers_static.commands:main"]},
 )

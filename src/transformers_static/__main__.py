@@ -1,6 +1,6 @@
 """`python -m transformers_static ...`: the `transformers-static` command."""
 
-from .cli import main
+from .commands import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -151,3 +152,20 @@ def decode_weight_bytes(model: nn.Module) -> int:
         seen.add(id(param))
         total += param.numel() * param.element_size()
     return total
+
+
+def load_average() -> list[float] | None:
+    """1/5/15-minute load averages (other work on the machine skews timings), or None where unknown."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def busy_warning() -> str | None:
+    """A warning when the 1-minute load is above half the CPUs, else None."""
+    load = load_average()
+    cpus = os.cpu_count() or 1
+    if load is None or load[0] <= 0.5 * cpus:
+        return None
+    return f"load average {load[0]:.1f} on {cpus} CPUs: timings will be noisy"

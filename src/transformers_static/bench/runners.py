@@ -9,7 +9,6 @@ device other than CUDA/XPU only compiles when the config's `_compile_all_devices
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 
 import torch
 
-from ..generation import GenerationConfig
 from ..models.auto import AutoModelForCausalLM
 
 Runner = Callable[[torch.Tensor, int, Any], torch.Tensor]
@@ -47,13 +45,6 @@ def upstream_version() -> str | None:
     except ImportError:
         return None
     return transformers.__version__
-
-
-def static_cache_len(prompt_len: int, max_new_tokens: int, config: GenerationConfig | None = None) -> int:
-    """The StaticCache capacity our `generate` allocates for this prompt length and token count."""
-    config = config or GenerationConfig()
-    padded = math.ceil(prompt_len / config.prefill_chunk_size) * config.prefill_chunk_size
-    return math.ceil((padded + max_new_tokens) / config.cache_bucket_size) * config.cache_bucket_size
 
 
 def load_ours(path: Path, *, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""`transformers-static bench`: ours vs upstream transformers, eager and compiled, in one process on one checkpoint.
+"""The benchmark driver behind `transformers-static bench`: ours vs upstream transformers, eager and compiled, in one process on one checkpoint.
 
 For each scenario (preset x batch x prompt length) every variant makes `new_tokens` greedy tokens:
 
@@ -24,9 +24,21 @@ from typing import Any
 
 import torch
 
-from .bench import report
-from .bench.measure import PeakMemory, TimingStreamer, decode_weight_bytes, graphs_compiled, memory_bandwidth_gbps
-from .bench.runners import (
+from ..configuration_utils import PretrainedConfig
+from ..generation import GenerationConfig
+from ..models.auto import AutoConfig
+from . import report
+from .measure import (
+    PeakMemory,
+    TimingStreamer,
+    decode_weight_bytes,
+    graphs_compiled,
+    load_average,
+    memory_bandwidth_gbps,
+)
+from .presets import preset_path
+from .progress import Progress
+from .runners import (
     OURS_COMPILED,
     OURS_EAGER,
     UPSTREAM_COMPILED,
@@ -35,13 +47,9 @@ from .bench.runners import (
     Variant,
     load_ours,
     ours_variants,
-    static_cache_len,
     upstream_variants,
     upstream_version,
 )
-from .configuration_utils import PretrainedConfig
-from .models.auto import AutoConfig
-from .presets import preset_path
 
 NEW_PROMPT_LEN_OFFSET = 5  # the second call's prompt is this much longer
 
@@ -88,13 +96,13 @@ class VariantResult:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
 
-def run_benchmark(options: BenchOptions, progress: Any = None) -> dict[str, Any]:
+def run_benchmark(options: BenchOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Run every scenario, write results.json and the plot into `options.out`, and return the results."""
     bandwidth = memory_bandwidth_gbps(options.device)
     results = _header(options, bandwidth)
     if options.compile:
         _warm_up_compiler(options.device)
-    bar = progress or _NullProgress()
+    bar = progress or Progress()
     for preset in options.presets:
         path = preset_path(preset)
         config = AutoConfig.from_pretrained(path)
@@ -102,7 +110,7 @@ def run_benchmark(options: BenchOptions, progress: Any = None) -> dict[str, Any]
             for prompt_len in options.prompt_lens:
                 scenario = Scenario(preset, path, config, batch, prompt_len)
                 results["scenarios"].append(run_scenario(scenario, options, bandwidth, bar))
-    results["machine"]["load_average_at_end"] = _load_average()
+    results["machine"]["load_average_at_end"] = load_average()
     options.out.mkdir(parents=True, exist_ok=True)
     report.write_json(results, options.out / "results.json")
     results["plot"] = report.write_plot(results, options.out / "bench.png")
@@ -136,7 +144,7 @@ class Scenario:
         return f"{self.preset} b{self.batch} p{self.prompt_len}"
 
 
-def run_scenario(scenario: Scenario, options: BenchOptions, bandwidth: float, bar: Any) -> dict[str, Any]:
+def run_scenario(scenario: Scenario, options: BenchOptions, bandwidth: float, bar: Progress) -> dict[str, Any]:
     torch._dynamo.reset()  # every scenario compiles from scratch: its first call includes compilation
     ours = load_ours(scenario.path, dtype=options.dtype, device=options.device)
     weight_bytes = decode_weight_bytes(ours)
@@ -179,7 +187,7 @@ def _variants(ours: torch.nn.Module, scenario: Scenario, options: BenchOptions) 
             dtype=options.dtype,
             device=options.device,
             compile=options.compile,
-            max_cache_len=static_cache_len(longest, options.new_tokens),
+            max_cache_len=GenerationConfig().static_cache_len(longest, options.new_tokens),  # what ours allocates
         )
     return sorted(variants, key=lambda v: VARIANTS.index(v.name))
 
@@ -267,7 +275,7 @@ def _header(options: BenchOptions, bandwidth: float) -> dict[str, Any]:
             "device": str(options.device),
             "torch_threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
-            "load_average_at_start": _load_average(),
+            "load_average_at_start": load_average(),
             "memory_bandwidth_gbps": bandwidth,
         },
         "versions": {
@@ -289,23 +297,7 @@ def _header(options: BenchOptions, bandwidth: float) -> dict[str, Any]:
     }
 
 
-def _load_average() -> list[float] | None:
-    """1/5/15-minute load averages: other work on the machine skews the timings."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
-
-
-class _NullProgress:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_description(self, text: str) -> None:
-        pass

@@ -133,7 +133,7 @@ def preset_path(name: str) -> Path:
 
 def build_preset_model(preset: Preset) -> torch.nn.Module:
     """The preset's model with weights drawn from its seed (the caller's global RNG state is left untouched)."""
-    from .models.auto import AutoConfig, AutoModelForCausalLM
+    from ..models.auto import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(preset.model_type, **preset.config)
     with torch.random.fork_rng(devices=[]):

@@ -1,0 +1,98 @@
+"""`transformers-static bench`: ours vs upstream transformers, eager and compiled, on the same weights.
+
+transformers-static bench [--arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
+                          [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..bench.presets import DEFAULT_PRESET_FOR_ARCH, get_preset
+from .args import PROG, UsageError, add_device_args, int_list, name_list, parse_device, positive_int
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="ours vs upstream transformers, eager and compiled, on the same weights",
+        description="Benchmark generation, in one process on one checkpoint: ours eager and compiled, upstream "
+        "transformers eager and compiled (its static cache). Prints a table, writes results.json and bench.png.",
+    )
+    parser.add_argument("--arch", choices=sorted(DEFAULT_PRESET_FOR_ARCH), help="run this architecture's tiny preset")
+    parser.add_argument("--preset", type=name_list, metavar="NAME[,NAME]", help="presets to run (default: llama-tiny)")
+    parser.add_argument("--batch", type=int_list, default=[1], metavar="1,4", help="batch sizes (default 1)")
+    parser.add_argument("--prompt-len", type=int_list, default=[16], metavar="16,128", help="prompt lengths")
+    parser.add_argument("--new-tokens", type=positive_int, default=64, metavar="N", help="tokens per run (64)")
+    parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="timed runs per variant (5)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where results.json and bench.png go (default: <cache>/bench)",
+    )
+    parser.add_argument("--no-compile", action="store_true", help="eager variants only (fast)")
+    parser.add_argument("--no-upstream", action="store_true", help="ours only, even if transformers is installed")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    add_device_args(parser, default_dtype="float32")
+    parser.set_defaults(handler=run, parser=parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import report
+    from ..bench.driver import BenchOptions, run_benchmark, total_steps
+    from ..bench.presets import cache_root
+    from ..bench.progress import Progress
+    from ..bench.runners import upstream_version
+
+    if args.new_tokens < 2:
+        raise UsageError("argument --new-tokens: must be >= 2 (decode time is measured between new tokens)")
+    options = BenchOptions(
+        presets=_bench_presets(args),
+        batches=args.batch,
+        prompt_lens=args.prompt_len,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        compile=not args.no_compile,
+        upstream=not args.no_upstream,
+        dtype=getattr(torch, args.dtype),
+        device=parse_device(args),
+        out=args.out or cache_root() / "bench",
+        seed=args.seed,
+    )
+    if options.upstream and upstream_version() is None:
+        print(f"{PROG}: upstream transformers is not installed: benchmarking ours only", file=sys.stderr)
+    _warn_if_busy()
+    with Progress(total_steps(options)) as bar:
+        results = run_benchmark(options, bar)
+    print(report.format_table(results, markdown=args.markdown))
+    print(f"\nwrote {options.out / 'results.json'}" + (f" and {results['plot']}" if results["plot"] else ""))
+    return 0
+
+
+def _warn_if_busy() -> None:
+    """Timings mean little on a machine busy with other work: say so up front."""
+    from ..bench.measure import busy_warning
+
+    warning = busy_warning()
+    if warning is not None:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+
+
+def _bench_presets(args: argparse.Namespace) -> list[str]:
+    if args.preset is None:
+        return [DEFAULT_PRESET_FOR_ARCH[args.arch or "llama"]]
+    for name in args.preset:
+        preset = get_preset(name)
+        if args.arch is not None and preset.model_type != args.arch:
+            raise UsageError(f"preset {name!r} is a {preset.model_type} model, not --arch {args.arch}")
+    if not args.preset:
+        raise UsageError("argument --preset: expected at least one preset name")
+    return args.preset

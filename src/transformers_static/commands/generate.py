@@ -1,0 +1,206 @@
+"""`transformers-static generate`: stream tokens from a checkpoint directory or an embedded preset.
+
+transformers-static generate [MODEL_DIR | --preset NAME] (--prompt TEXT | --input-ids 1,2,3) [--max-new-tokens N]
+                             [--compile] [--sample --temperature T --top-k K --top-p P --seed S] [--dtype D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..bench.presets import PRESETS, preset_path
+from .args import UsageError, add_device_args, id_list, parse_device, parse_dtype, positive_int
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "generate",
+        help="stream tokens from a checkpoint dir or a preset",
+        description="Generate from a checkpoint directory (config.json + safetensors, tokenizer.json optional) "
+        "or, without MODEL_DIR, from an embedded preset (default llama-tiny), streaming tokens as they come.",
+    )
+    parser.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint directory")
+    parser.add_argument(
+        "--preset", metavar="NAME", help=f"embedded random model instead of MODEL_DIR: {', '.join(PRESETS)}"
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text (needs MODEL_DIR/tokenizer.json and the tokenizers package)")
+    source.add_argument("--input-ids", type=id_list, metavar="1,2,3", help="prompt token ids, comma-separated")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N")
+    parser.add_argument("--compile", action="store_true", help="generate(compile=True): compile the forward once")
+    parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    add_device_args(parser, default_dtype="auto")
+    parser.set_defaults(handler=run, parser=parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.measure import graphs_compiled
+    from ..generation import GenerationConfig
+    from ..models.auto import AutoConfig, AutoModelForCausalLM
+
+    path = _checkpoint_dir(args)
+    vocab_size = _load(path, lambda: AutoConfig.from_pretrained(path)).vocab_size
+    input_ids, tokenizer = _prompt_ids(args, path, vocab_size)  # checked before the (slow) weight load
+    sampling = _sampling_options(args, GenerationConfig)
+    device = parse_device(args)
+    model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(args), device=device))
+    streamer = PrintStreamer(tokenizer)
+    generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.sample else None
+    graphs = graphs_compiled()
+    start = time.perf_counter()
+    model.generate(
+        input_ids.to(model.device),
+        max_new_tokens=args.max_new_tokens,
+        streamer=streamer,
+        generator=generator,
+        compile=args.compile,
+        **sampling,
+    )
+    elapsed = time.perf_counter() - start
+    print(_generate_summary(streamer, elapsed, graphs_compiled() - graphs, args.compile), file=sys.stderr)
+    return 0
+
+
+def _checkpoint_dir(args: argparse.Namespace) -> Path:
+    """MODEL_DIR, checked, or the (default) preset's checkpoint, built on first use."""
+    if args.model_dir is not None and args.preset is not None:
+        raise UsageError("give MODEL_DIR or --preset, not both")
+    if args.model_dir is None:
+        return preset_path(args.preset or "llama-tiny")
+    path = Path(args.model_dir).expanduser()
+    if not path.exists():
+        raise UsageError(f"MODEL_DIR {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise UsageError(f"MODEL_DIR {str(path)!r} is not a directory")
+    if not (path / "config.json").is_file():
+        raise UsageError(
+            f"MODEL_DIR {str(path)!r} has no config.json: expected a checkpoint directory "
+            "(config.json + model.safetensors), e.g. one written by save_pretrained"
+        )
+    return path
+
+
+def _load(path: Path, load: Callable[[], Any]) -> Any:
+    """`load()`, with a loading failure reported as an invalid MODEL_DIR."""
+    try:
+        return load()
+    except (OSError, ValueError, KeyError) as err:
+        raise UsageError(f"cannot load MODEL_DIR {str(path)!r}: {err}") from err
+
+
+def _prompt_ids(args: argparse.Namespace, path: Path, vocab_size: int) -> tuple[torch.Tensor, Any]:
+    """The prompt as ids `[1, prompt_len]`, and the tokenizer (None without one)."""
+    tokenizer = load_tokenizer(path)
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise UsageError(f"--prompt needs a tokenizer, and {_tokenizer_problem(path)}; pass --input-ids 1,2,3")
+        ids = tokenizer.encode(args.prompt).ids
+        if not ids:
+            raise UsageError("--prompt encodes to no tokens")
+    else:
+        ids = args.input_ids
+    too_big = [i for i in ids if i >= vocab_size]
+    if too_big:
+        raise UsageError(
+            f"argument --input-ids: id {too_big[0]} is out of range for the model's vocabulary of {vocab_size} "
+            f"(valid ids 0..{vocab_size - 1})"
+        )
+    return torch.tensor([ids], dtype=torch.long), tokenizer
+
+
+def load_tokenizer(path: Path) -> Any:
+    """`tokenizers.Tokenizer` from `path/tokenizer.json`, or None when there is none or the package is missing."""
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as err:  # the tokenizers package raises its own exception types
+        raise UsageError(f"cannot read {str(file)!r}: {err}") from err
+
+
+def _tokenizer_problem(path: Path) -> str:
+    if (path / "tokenizer.json").is_file():
+        return "the optional `tokenizers` package is not installed (pip install 'transformers-static[tokenizers]')"
+    return f"{str(path)!r} has no tokenizer.json"
+
+
+def _sampling_options(args: argparse.Namespace, config_class: type) -> dict[str, Any]:
+    """generate() kwargs for greedy or sampled decoding, validated by GenerationConfig."""
+    options: dict[str, Any] = {"do_sample": args.sample}
+    if args.sample:
+        options.update(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p)
+    try:
+        config_class(**options)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    return options
+
+
+class PrintStreamer:
+    """Prints new tokens as they come: decoded text with a tokenizer, else ids separated by spaces. Batch 1."""
+
+    def __init__(self, tokenizer: Any = None, stream: Any = None) -> None:
+        self.tokenizer = tokenizer
+        self.stream = stream or sys.stdout
+        self.prompt: list[int] | None = None
+        self.ids: list[int] = []  # new tokens so far
+        self.stamps: list[float] = []  # when each new token arrived
+        self.printed = ""  # decoded text of the new tokens already printed
+
+    def put(self, value: torch.Tensor) -> None:
+        ids = value.reshape(-1).tolist()
+        if self.prompt is None:  # generate's first put holds the prompt
+            self.prompt = ids
+            if self.tokenizer is not None:
+                self._write(self.tokenizer.decode(ids, skip_special_tokens=True))
+            return
+        self.stamps.append(time.perf_counter())
+        self.ids.extend(ids)
+        if self.tokenizer is not None:
+            self._write(self._new_text())
+        else:
+            self._write(" ".join(map(str, ids)) if len(self.ids) == len(ids) else " " + " ".join(map(str, ids)))
+
+    def end(self) -> None:
+        self._write("\n")
+
+    def _new_text(self) -> str:
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        new, self.printed = text[len(self.printed) :], text
+        return new
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+
+def _generate_summary(streamer: PrintStreamer, elapsed: float, graphs: int, compiled: bool) -> str:
+    """Tokens/s over the whole call, and the decode speed as the median gap between tokens (so a graph compiled
+    at the first decode step does not count)."""
+    count = len(streamer.ids)
+    note = " (compilation included)" if compiled and graphs else ""
+    summary = f"{count} tokens in {elapsed:.2f} s{note}: {count / elapsed:.1f} tokens/s"
+    if count > 1:
+        gaps = [b - a for a, b in zip(streamer.stamps, streamer.stamps[1:], strict=False)]
+        gap = statistics.median(gaps)
+        summary += f"; decode {gap * 1e3:.2f} ms/token ({1 / gap:.1f} tokens/s, median)"
+    return f"{summary}; compiled graphs: {graphs}"
