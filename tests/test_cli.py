@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from transformers_static import AutoModelForCausalLM
-from transformers_static.commands import main
 from transformers_static.bench.presets import CACHE_ENV, build_preset_model, get_preset, preset_path
+from transformers_static.commands import main
 
 
 @pytest.fixture(autouse=True)

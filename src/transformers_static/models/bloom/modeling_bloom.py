@@ -1,10 +1,7 @@
 """Bloom: ALiBi position biases (no position embeddings), an embedding LayerNorm, QKV fused per head, bias-GELU.
 
-Upstream builds the ALiBi bias from the 2D padding mask (key positions = its cumsum), so it refuses 4D masks.
-Here the bias comes from the key positions the model knows, `position_ids` stored by the cache for every key slot,
-and is folded into the mask once per forward: any mask the converter takes (2D, 4D bool or additive, packed
-sequences) works, with a StaticCache too.
-"""
+The ALiBi bias comes from every key slot's position (kept by the cache) and is folded into the mask once per
+forward, so every mask form and a StaticCache work (docs/ARCHITECTURE.md, "Differences from upstream")."""
 
 from __future__ import annotations
 

@@ -243,7 +243,7 @@ class FalconModel(FalconPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPast:
         """Final hidden states `[batch, q_len, hidden]`. With ALiBi the bias comes from the position of every key
-        (the cache keeps them), so 4D masks, static caches and packed sequences work, unlike upstream's."""
+        (the cache keeps them), so 4D masks, static caches and packed sequences work."""
         inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.word_embeddings)  # [batch, q_len, hidden]
         inputs = prepare_attention_inputs(
             self,

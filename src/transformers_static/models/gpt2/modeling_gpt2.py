@@ -52,12 +52,7 @@ class GPT2MLP(nn.Module):
 
 class GPT2Attention(nn.Module):
     """Causal self-attention over one fused `c_attn` projection (query, key, value concatenated on the last dim).
-
-    `reorder_and_upcast_attn` is read but not special-cased. Upstream uses it (eager only) to compute
-    `QK^T * scaling` and the softmax in float32 with autocast off; in float32 that is the computation every
-    kernel here already does. Our eager kernel upcasts the scores to float32 before masking and softmax, so in
-    fp16/bf16 the only difference left is that `QK^T` itself is computed in the model dtype (rounding-level).
-    """
+    `reorder_and_upcast_attn` needs no branch here (docs/ARCHITECTURE.md, "Differences from upstream")."""
 
     def __init__(self, config: GPT2Config, layer_idx: int) -> None:
         super().__init__()

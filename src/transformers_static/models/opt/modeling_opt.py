@@ -1,9 +1,7 @@
 """OPT: learned absolute positions offset by 2, pre- or post-LayerNorm blocks, optional embedding projection.
 
-Upstream derives positions from the 2D padding mask's cumsum inside the model, so it cannot take a 4D mask
-without `position_ids`. Here positions are `inputs.position_ids`, prepared once per forward by the core (from
-`position_ids`, else the 2D mask, else `cache_position`), so every mask form works.
-"""
+Positions are `inputs.position_ids`, prepared once per forward (given, else from the 2D mask, else
+`cache_position`), so every mask form works (docs/ARCHITECTURE.md, "Differences from upstream")."""
 
 from __future__ import annotations
 
