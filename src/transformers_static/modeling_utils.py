@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -87,30 +88,42 @@ class PreTrainedModel(nn.Module):
     @classmethod
     def from_pretrained(
         cls,
-        pretrained_path: str | os.PathLike,
+        pretrained_model_name_or_path: str | os.PathLike,
         *,
+        config: PretrainedConfig | str | os.PathLike | None = None,
         attn_implementation: str | None = None,
-        dtype: str | torch.dtype | None = "auto",
-        device: str | torch.device | None = None,
-        config: PretrainedConfig | None = None,
+        dtype: str | torch.dtype | None = None,
+        torch_dtype: str | torch.dtype | None = None,
+        device_map: DeviceMap = None,
+        low_cpu_mem_usage: bool | None = None,
+        trust_remote_code: bool | None = None,
+        **kwargs: Any,
     ) -> PreTrainedModel:
         """Load a checkpoint directory: config.json and model.safetensors (or its sharded index, or a
-        pytorch_model.bin read with `weights_only=True`). `dtype="auto"` keeps the checkpoint's config dtype."""
-        path = os.fspath(pretrained_path)
+        pytorch_model.bin read with `weights_only=True`), with upstream's argument names.
+
+        `dtype` (alias `torch_dtype`; "auto" or None: the config's dtype, else float32), `device_map` (one device:
+        "cpu", "cuda", "cuda:1", 0, "auto", `{"": device}`), `config` (an object or a path), and config fields as
+        keyword overrides (`num_hidden_layers=2`). The model is built with parameters on the meta device and takes
+        the checkpoint's tensors directly (no random initialisation, no second copy), so `low_cpu_mem_usage` is
+        always on. `trust_remote_code` is never needed for the architectures here and is ignored with a warning.
+        """
+        _refuse_unsupported(kwargs)
+        path = os.fspath(pretrained_model_name_or_path)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a directory: expected a checkpoint dir with config.json and weights")
-        config = config or cls.config_class.from_pretrained(path)
+        config = _resolve_config(cls, path, config, kwargs)
+        _check_remote_code(config, trust_remote_code)
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
-        target_dtype = resolve_dtype(dtype) or config.dtype or torch.float32
+        target_dtype = resolve_dtype(dtype if dtype is not None else torch_dtype) or config.dtype or torch.float32
+        device = resolve_device_map(device_map)
         state_dict = load_state_dict(path)
-        with _default_dtype(target_dtype):
+        with _default_dtype(target_dtype), _parameters_on_meta():
             model = cls(config)
-        model.load_checkpoint_state_dict(state_dict)
+        model.load_checkpoint_state_dict(state_dict, device=device)
         model.load_pretrained_extras(path)
-        if device is not None:
-            model.to(device)
-        return model.eval()
+        return model.to(device).eval()
 
     def load_pretrained_extras(self, path: str) -> None:
         """Read what a checkpoint directory holds besides config and weights (a generating model: its
@@ -119,8 +132,13 @@ class PreTrainedModel(nn.Module):
     def save_pretrained_extras(self, save_directory: str) -> None:
         """Write what `load_pretrained_extras` reads. Nothing here."""
 
-    def load_checkpoint_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy checkpoint tensors in, matching names across base/head prefixes; every weight must be present."""
+    def load_checkpoint_state_dict(
+        self, state_dict: dict[str, torch.Tensor], device: torch.device | str | None = None
+    ) -> None:
+        """Load checkpoint tensors, matching names across base/head prefixes; every weight must be present.
+
+        Parameters still on the meta device (a model built by `from_pretrained`) take the checkpoint's tensors,
+        cast to their dtype and moved to `device`; materialised ones are copied into."""
         state_dict = self._match_prefix(state_dict)
         ignored = [re.compile(p) for p in self._keys_to_ignore_on_load_unexpected]
         expected = self.state_dict()
@@ -137,11 +155,18 @@ class PreTrainedModel(nn.Module):
                     f"Weight {key!r} has shape {list(state_dict[key].shape)} in the checkpoint, "
                     f"{type(self).__name__} expects {list(tensor.shape)}"
                 )
-        with torch.no_grad():
-            for key, tensor in expected.items():
-                if key in state_dict:
-                    tensor.copy_(state_dict[key])
+        to_load = {
+            key: state_dict[key].to(
+                device=device or (tensor.device if not tensor.is_meta else "cpu"), dtype=tensor.dtype
+            )
+            for key, tensor in expected.items()
+            if key in state_dict and key not in tied
+        }
+        self.load_state_dict(to_load, strict=False, assign=any(t.is_meta for t in expected.values()))
         self.tie_weights()
+        still_meta = [name for name, tensor in self.state_dict().items() if tensor.is_meta]
+        if still_meta:  # a tied key whose source is missing, or a model that builds weights outside __init__
+            raise ValueError(f"{type(self).__name__} has weights the checkpoint did not fill: {still_meta}")
 
     def _match_prefix(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Accept a head checkpoint in a base model (strip `prefix.`) and a base checkpoint in a head model."""
@@ -166,6 +191,114 @@ class PreTrainedModel(nn.Module):
         tied = set(self._tied_weights_keys) if self.config.tie_word_embeddings else set()
         state_dict = {k: v.detach().contiguous() for k, v in self.state_dict().items() if k not in tied}
         save_state_dict(state_dict, os.fspath(save_directory), _parse_size(max_shard_size))
+
+
+DeviceMap = str | int | torch.device | dict[str, Any] | None
+# Upstream `from_pretrained` arguments with no equivalent here: a clear error instead of a silent default.
+UNSUPPORTED_FROM_PRETRAINED = {
+    "quantization_config": "quantized checkpoints of upstream's formats are not supported",
+    "max_memory": "a model lives on one device here",
+    "offload_folder": "offloading is not supported",
+    "offload_buffers": "offloading is not supported",
+    "adapter_kwargs": "adapters (PEFT) are not supported",
+    "adapter_name": "adapters (PEFT) are not supported",
+    "use_kernels": "Hub kernels are not supported",
+    "kernel_config": "Hub kernels are not supported",
+    "key_mapping": "checkpoint keys must use upstream's names",
+    "state_dict": "load from a checkpoint directory",
+    "output_loading_info": "loading fails on any missing or mismatched weight instead",
+    "ignore_mismatched_sizes": "a shape mismatch is always an error",
+    "variant": "checkpoint variants are not supported",
+    "use_safetensors": "safetensors is always preferred; pickles load only with weights_only=True",
+    "weights_only": "pickles always load with weights_only=True",
+}
+
+
+def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
+    for name in kwargs:
+        if name in UNSUPPORTED_FROM_PRETRAINED:
+            raise NotImplementedError(
+                f"from_pretrained({name}=...) is not supported by transformers-static: {UNSUPPORTED_FROM_PRETRAINED[name]}"
+            )
+
+
+def _resolve_config(
+    cls: type[PreTrainedModel], path: str, config: PretrainedConfig | str | os.PathLike | None, overrides: dict
+) -> PretrainedConfig:
+    """The model's config: the given object (copied), or read from `config` / the checkpoint, with config fields
+    in `overrides` applied; any other keyword is a TypeError, as upstream's model constructor raises."""
+    if isinstance(config, PretrainedConfig):
+        config = copy.deepcopy(config)
+    else:
+        config = cls.config_class.from_pretrained(os.fspath(config) if config is not None else path)
+    unknown = sorted(k for k in overrides if not hasattr(config, k))
+    if unknown:
+        raise TypeError(
+            f"{cls.__name__}.from_pretrained() got unexpected keyword argument(s) {unknown}: neither a loading "
+            f"argument nor a field of {type(config).__name__}"
+        )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def _check_remote_code(config: PretrainedConfig, trust_remote_code: bool | None) -> None:
+    """The architectures here are built in: `trust_remote_code=True` changes nothing, so say so once."""
+    if trust_remote_code:
+        logger.warning(
+            "trust_remote_code=True is ignored: %s is built into transformers-static, no code from the checkpoint "
+            "runs",
+            type(config).__name__,
+        )
+
+
+def resolve_device_map(device_map: DeviceMap) -> torch.device:
+    """The one device a `device_map` names: None -> cpu; "cpu", "cuda", "cuda:1", 1 or a torch.device as given;
+    "auto" (and upstream's "balanced", "sequential") -> the GPU when there is one, else cpu; `{"": device}` or a
+    dict mapping every module to one device. A map that would split the model over devices is an error."""
+    if device_map is None:
+        return torch.device("cpu")
+    if isinstance(device_map, dict):
+        devices = {str(resolve_device_map(d)) for d in device_map.values()}
+        if len(devices) != 1:
+            raise ValueError(
+                f"device_map {device_map!r} would split the model over devices {sorted(devices)}; transformers-static "
+                'loads a model onto one device: pass device_map="cuda:0" or {"": "cuda:0"}'
+            )
+        return torch.device(devices.pop())
+    if isinstance(device_map, int):
+        return torch.device("cuda", device_map)
+    if device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
+        if torch.cuda.device_count() > 1:
+            raise ValueError(
+                f"device_map={device_map!r} would split the model over {torch.cuda.device_count()} GPUs; "
+                'transformers-static loads a model onto one device: pass device_map="cuda:0"'
+            )
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device_map)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device_map must name one device (e.g. 'cpu', 'cuda:0', 0, 'auto'), got {device_map!r}"
+        ) from err
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Build modules with their parameters on the meta device (no memory, no initialisation cost); buffers, which
+    models compute in `__init__` (rotary frequencies, position tables), stay real."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
 
 
 @contextmanager

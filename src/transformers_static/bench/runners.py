@@ -48,7 +48,7 @@ def upstream_version() -> str | None:
 
 
 def load_ours(path: Path, *, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device=device)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
 
 
 def ours_variants(model: Any, *, compile: bool) -> list[Variant]:

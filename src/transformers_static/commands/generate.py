@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     input_ids, tokenizer = _prompt_ids(args, path, vocab_size)  # checked before the (slow) weight load
     sampling = _sampling_options(args, GenerationConfig)
     device = parse_device(args)
-    model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(args), device=device))
+    model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(args), device_map=device))
     streamer = PrintStreamer(tokenizer)
     generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.sample else None
     graphs = graphs_compiled()

@@ -55,9 +55,17 @@ class _AutoModel:
         return cls.model_class(config)(config)
 
     @classmethod
-    def from_pretrained(cls, pretrained_path: str | os.PathLike, **kwargs: Any) -> PreTrainedModel:
-        config = AutoConfig.from_pretrained(pretrained_path)
-        return cls.model_class(config).from_pretrained(pretrained_path, config=config, **kwargs)
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        config: PretrainedConfig | str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> PreTrainedModel:
+        """The model class of the checkpoint's (or the given) config, loaded with its `from_pretrained`."""
+        if not isinstance(config, PretrainedConfig):
+            config = AutoConfig.from_pretrained(config if config is not None else pretrained_model_name_or_path)
+        return cls.model_class(config).from_pretrained(pretrained_model_name_or_path, config=config, **kwargs)
 
 
 class AutoModel(_AutoModel):

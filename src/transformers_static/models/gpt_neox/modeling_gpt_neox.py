@@ -223,7 +223,9 @@ class GPTNeoXForCausalLM(CausalLMMixin, GPTNeoXPreTrainedModel):
     def lm_head(self) -> nn.Linear:
         return self.embed_out
 
-    def load_checkpoint_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def load_checkpoint_state_dict(
+        self, state_dict: dict[str, torch.Tensor], device: torch.device | str | None = None
+    ) -> None:
         """Also accept the head under upstream's in-memory name `lm_head.weight` (a state dict saved as is)."""
         state_dict = {("embed_out.weight" if k == "lm_head.weight" else k): v for k, v in state_dict.items()}
-        super().load_checkpoint_state_dict(state_dict)
+        super().load_checkpoint_state_dict(state_dict, device)
