@@ -25,6 +25,7 @@ from .generation import GenerationConfig, GenerationMixin
 from .generation.configuration_utils import GENERATION_CONFIG_NAME
 from .modeling_attn_mask_utils import AttentionMaskConverter, position_ids_from_padding
 from .modeling_outputs import CausalLMOutputWithPast
+from .utils.hub import resolve_pretrained_path
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ class PreTrainedModel(nn.Module):
     ) -> PreTrainedModel:
         """Load a checkpoint directory: config.json and model.safetensors (or its sharded index, or a
         pytorch_model.bin read with `weights_only=True`). `dtype="auto"` keeps the checkpoint's config dtype."""
-        path = os.fspath(pretrained_path)
+        path = resolve_pretrained_path(pretrained_path)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a directory: expected a checkpoint dir with config.json and weights")
         config = config or cls.config_class.from_pretrained(path)

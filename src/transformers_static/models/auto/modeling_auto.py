@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from ...configuration_utils import PretrainedConfig
 from ...modeling_utils import PreTrainedModel
+from ...utils.hub import resolve_pretrained_path
 from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
@@ -56,6 +57,7 @@ class _AutoModel:
 
     @classmethod
     def from_pretrained(cls, pretrained_path: str | os.PathLike, **kwargs: Any) -> PreTrainedModel:
+        pretrained_path = resolve_pretrained_path(pretrained_path)
         config = AutoConfig.from_pretrained(pretrained_path)
         return cls.model_class(config).from_pretrained(pretrained_path, config=config, **kwargs)
 
