@@ -197,3 +197,27 @@ def gemma_tokenizer(path: str) -> str:
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump({"model_type": "gemma"}, f)
     return path
+
+
+def tiny_llama_checkpoint(path: str, tokenizer_builder: Any = smollm_tokenizer) -> str:
+    """A checkpoint dir: the tokenizer `tokenizer_builder` writes, and a tiny random upstream Llama over it."""
+    import torch
+    import transformers
+
+    tokenizer_builder(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.5,  # logits far apart: greedy picks are robust to rounding
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path

@@ -149,7 +149,7 @@ def _as_tensor(value: Any, tensor_type: str) -> Any:
         and isinstance(value[0], (list, tuple))
         and len(set(map(len, value))) > 1
     ):
-        raise ValueError("ragged lists")
+        return np.asarray([np.asarray(v) for v in value], dtype=object)  # ragged rows: an object array, as upstream
     return np.asarray(value, dtype=np.int64 if empty else None)
 
 
@@ -628,18 +628,30 @@ class PreTrainedTokenizerBase:
         revision: str | None = None,
         local_files_only: bool = False,
         cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
         **kwargs: Any,
     ) -> PreTrainedTokenizerBase:
         """Load from a directory (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
-        chat_template.jinja) or a Hub id in the local Hugging Face cache. kwargs override the files' settings."""
+        chat_template.jinja) or a Hub id (the local Hugging Face cache first). kwargs override the files' settings."""
         from .utils.hub import resolve_pretrained_path
 
         path = resolve_pretrained_path(
-            pretrained_model_name_or_path, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir
+            pretrained_model_name_or_path,
+            revision=revision,
+            local_files_only=local_files_only,
+            cache_dir=cache_dir,
+            token=token,
         )
+        return cls._from_directory(path, os.fspath(pretrained_model_name_or_path), local_files_only, kwargs)
+
+    @classmethod
+    def _from_directory(
+        cls, path: str, name_or_path: str, local_files_only: bool, kwargs: dict[str, Any]
+    ) -> PreTrainedTokenizerBase:
+        """The tokenizer in the local directory `path` (resolved from `name_or_path`)."""
         init_kwargs = read_tokenizer_files(path, kwargs, cls.SPECIAL_TOKENS_ATTRIBUTES)
-        init_kwargs["name_or_path"] = os.fspath(pretrained_model_name_or_path)
-        init_kwargs["is_local"] = os.path.isdir(os.fspath(pretrained_model_name_or_path))
+        init_kwargs["name_or_path"] = name_or_path
+        init_kwargs["is_local"] = os.path.isdir(name_or_path)
         init_kwargs["local_files_only"] = local_files_only
         return cls(**init_kwargs)
 
@@ -708,23 +720,25 @@ def _added_token_type() -> type:
 
 
 def _serialise_added_tokens(obj: Any) -> Any:
-    """AddedToken -> its dict with "__type": "AddedToken" (how upstream writes tokenizer_config.json)."""
+    """AddedToken -> its dict with "__type": "AddedToken" (how upstream writes tokenizer_config.json), anywhere in
+    nested lists and dicts."""
     if isinstance(obj, _added_token_type()):
         return {**obj.__getstate__(), "__type": "AddedToken"}
-    if isinstance(obj, (list, tuple)):
-        return [_serialise_added_tokens(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _serialise_added_tokens(v) for k, v in obj.items()}
-    return obj
+    return _map_children(obj, _serialise_added_tokens)
 
 
 def _deserialise_added_tokens(obj: Any) -> Any:
+    """The inverse of `_serialise_added_tokens`."""
     if isinstance(obj, dict) and obj.get("__type") == "AddedToken":
         return _added_token_type()(**{k: v for k, v in obj.items() if k != "__type"})
+    return _map_children(obj, _deserialise_added_tokens)
+
+
+def _map_children(obj: Any, convert: Any) -> Any:
     if isinstance(obj, (list, tuple)):
-        return [_deserialise_added_tokens(o) for o in obj]
+        return [convert(o) for o in obj]
     if isinstance(obj, dict):
-        return {k: _deserialise_added_tokens(v) for k, v in obj.items()}
+        return {k: convert(v) for k, v in obj.items()}
     return obj
 
 

@@ -17,19 +17,21 @@ def resolve_pretrained_path(
     revision: str | None = None,
     local_files_only: bool = False,
     cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
 ) -> str:
     """A local directory or file holding the checkpoint `name_or_path`.
 
     An existing local path is returned unchanged. Otherwise `name_or_path` is a Hub repo id ("org/name"): its
     snapshot (`<cache>/models--org--name/snapshots/<commit>`, the commit from `refs/<revision>`) is looked up in the
     Hugging Face cache (`cache_dir`, else HF_HUB_CACHE / HF_HOME/hub), and, unless `local_files_only` or HF_HUB_OFFLINE
-    is set, refreshed from the Hub. The error says what was looked for and where.
+    is set, refreshed from the Hub (`token`: as huggingface_hub takes it; HF_TOKEN by default). The error says what
+    was looked for and where.
     """
     path = os.fspath(name_or_path)
     if os.path.exists(path):
         return path
     try:
-        import huggingface_hub
+        from huggingface_hub import constants
         from huggingface_hub.utils import HFValidationError, validate_repo_id
     except ImportError:
         raise OSError(
@@ -40,10 +42,10 @@ def resolve_pretrained_path(
         validate_repo_id(path)
     except HFValidationError as err:
         raise OSError(f"{path!r} is not a directory, nor a Hub repo id ('org/name'): {err}") from None
-    offline = local_files_only or huggingface_hub.constants.is_offline_mode()
-    cache = os.fspath(cache_dir) if cache_dir is not None else huggingface_hub.constants.HF_HUB_CACHE
+    offline = local_files_only or constants.is_offline_mode()
+    cache = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
     try:
-        return _snapshot(path, revision=revision, cache_dir=cache, offline=offline)
+        return _snapshot(path, revision=revision, cache_dir=cache, offline=offline, token=token)
     except (OSError, ValueError) as err:  # LocalEntryNotFoundError, HfHubHTTPError are OSErrors
         folder = os.path.join(cache, f"models--{path.replace('/', '--')}")
         reason = (
@@ -56,14 +58,13 @@ def resolve_pretrained_path(
         ) from err
 
 
-def _snapshot(repo_id: str, *, revision: str | None, cache_dir: str, offline: bool) -> str:
+def _snapshot(repo_id: str, *, revision: str | None, cache_dir: str, offline: bool, token: str | bool | None) -> str:
     """The snapshot folder of `repo_id` with the loaders' files; pytorch_model*.bin only when there is no
     safetensors file."""
     from huggingface_hub import snapshot_download
 
-    folder = snapshot_download(
-        repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline, allow_patterns=ALLOW_PATTERNS
-    )
+    hub = {"revision": revision, "cache_dir": cache_dir, "token": token}
+    folder = snapshot_download(repo_id, local_files_only=offline, allow_patterns=ALLOW_PATTERNS, **hub)
     if not offline and not any(name.endswith(".safetensors") for name in os.listdir(folder)):
-        folder = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=BIN_PATTERNS)
+        folder = snapshot_download(repo_id, allow_patterns=BIN_PATTERNS, **hub)
     return folder

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from typing import Any
 
@@ -11,6 +12,8 @@ from ...configuration_utils import load_config_dict
 from ...tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, _read_json
 from ...tokenization_utils_tokenizers import TokenizersBackend
 from ...utils.hub import resolve_pretrained_path
+
+logger = logging.getLogger(__name__)
 
 # model_type -> upstream's registered tokenizer class (model types absent here have none).
 TOKENIZER_MAPPING_NAMES = {
@@ -70,25 +73,29 @@ class AutoTokenizer:
         revision: str | None = None,
         local_files_only: bool = False,
         cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
         **kwargs: Any,
     ) -> TokenizersBackend:
         """The checkpoint's tokenizer; kwargs override tokenizer_config.json settings (`padding_side="left"`,
-        `pad_token=...`). `use_fast` is accepted and ignored (every tokenizer here is a fast one, as upstream 5)."""
+        `pad_token=...`). `use_fast` is ignored (every tokenizer is a fast one, as in upstream 5), and so is
+        `trust_remote_code` (with a warning) unless the checkpoint needs remote code, which is an error."""
         kwargs.pop("use_fast", None)
-        for name in ("trust_remote_code", "tokenizer_type", "gguf_file", "subfolder", "fix_mistral_regex"):
+        if kwargs.pop("trust_remote_code", None):
+            logger.warning("trust_remote_code=True is ignored: transformers_static runs no remote code")
+        for name in ("tokenizer_type", "gguf_file", "subfolder", "fix_mistral_regex", "force_download", "proxies"):
             if kwargs.get(name):
                 raise ValueError(f"AutoTokenizer.from_pretrained({name}=...) is not supported by transformers_static")
         config = kwargs.pop("config", None)
         path = resolve_pretrained_path(
-            pretrained_model_name_or_path, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir
-        )
-        tokenizer_class = select_tokenizer_class(path, config)
-        return tokenizer_class.from_pretrained(
             pretrained_model_name_or_path,
             revision=revision,
             local_files_only=local_files_only,
             cache_dir=cache_dir,
-            **kwargs,
+            token=token,
+        )
+        tokenizer_class = select_tokenizer_class(path, config)
+        return tokenizer_class._from_directory(
+            path, os.fspath(pretrained_model_name_or_path), local_files_only, kwargs
         )
 
 
