@@ -36,13 +36,13 @@ def resolve_pretrained_path(
     except ImportError:
         raise OSError(
             f"{path!r} is not a directory; to load it as a Hub repo id from the Hugging Face cache or the Hub, "
-            "install huggingface_hub (pip install huggingface_hub)"
+            "install huggingface_hub (pip install 'transformers-static[hub]')"
         ) from None
     try:
         validate_repo_id(path)
     except HFValidationError as err:
         raise OSError(f"{path!r} is not a directory, nor a Hub repo id ('org/name'): {err}") from None
-    offline = local_files_only or constants.is_offline_mode()
+    offline = local_files_only or constants.HF_HUB_OFFLINE
     cache = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
     try:
         return _snapshot(path, revision=revision, cache_dir=cache, offline=offline, token=token)
