@@ -1,6 +1,7 @@
 """TextStreamer / TextIteratorStreamer against upstream's: the same chunks, released at the same tokens (word
 boundaries, newlines, CJK characters, partial UTF-8 bytes), prompt skipping, decode kwargs and timeouts."""
 
+import asyncio
 import contextlib
 import io
 import queue
@@ -82,3 +83,25 @@ def test_iterator_streamer_from_a_thread_and_timeout(pair) -> None:
         next(idle)
     with pytest.raises(ValueError, match="only supports batch size 1"):
         streamer.put(torch.tensor([[1], [2]]))
+
+
+def test_async_iterator_streamer_matches_upstream(pair) -> None:
+    theirs, ours = pair
+    ids = theirs(TEXT)["input_ids"]
+
+    async def collect(library, tokenizer) -> list[str]:
+        streamer = library.AsyncTextIteratorStreamer(tokenizer, skip_prompt=True, timeout=5.0)
+
+        def produce() -> None:
+            streamer.put(torch.tensor([ids[:2]]))
+            for token in ids[2:]:
+                streamer.put(torch.tensor([token]))
+            streamer.end()
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        chunks = [chunk async for chunk in streamer]
+        thread.join()
+        return chunks
+
+    assert asyncio.run(collect(transformers_static, ours)) == asyncio.run(collect(transformers, theirs))

@@ -17,6 +17,11 @@ from . import tokenizer_fixtures as fixtures
 KINDS = {
     "gpt2_byte_level": (fixtures.gpt2_tokenizer, {}),
     "gpt2_as_is": (fixtures.gpt2_tokenizer, {"tokenizer_class": "PreTrainedTokenizerFast"}),
+    "gpt2_json_padding": (
+        fixtures.gpt2_tokenizer,
+        {"tokenizer_class": "PreTrainedTokenizerFast", "json_settings": True},
+    ),
+    "gpt2_json_padding_rebuilt": (fixtures.gpt2_tokenizer, {"json_settings": True}),
     "smollm_chat": (fixtures.smollm_tokenizer, {}),
     "smollm_as_is": (fixtures.smollm_tokenizer, {"tokenizer_class": "TokenizersBackend"}),
     "llama2_byte_fallback": (fixtures.llama2_tokenizer, {}),

@@ -97,11 +97,16 @@ def byte_level_bpe(special_tokens: list[str], digits: bool = False, vocab_size: 
     return tokenizer
 
 
-def gpt2_tokenizer(path: str, tokenizer_class: str = "GPT2Tokenizer") -> str:
+def gpt2_tokenizer(path: str, tokenizer_class: str = "GPT2Tokenizer", json_settings: bool = False) -> str:
+    """GPT-2's layout; `json_settings` puts padding (left, with a pad token) and truncation into tokenizer.json."""
     config = {"tokenizer_class": tokenizer_class, "model_max_length": 1024, "add_prefix_space": False}
     for name in ("bos_token", "eos_token", "unk_token"):
         config[name] = "<|endoftext|>"
-    return _write(path, byte_level_bpe(["<|endoftext|>"]), config, model_type="gpt2")
+    tokenizer = byte_level_bpe(["<|endoftext|>", "<pad>"])
+    if json_settings:
+        tokenizer.enable_padding(direction="left", pad_id=1, pad_token="<pad>")
+        tokenizer.enable_truncation(max_length=8, direction="left")
+    return _write(path, tokenizer, config, model_type="gpt2")
 
 
 def smollm_tokenizer(path: str, tokenizer_class: str = "GPT2Tokenizer") -> str:

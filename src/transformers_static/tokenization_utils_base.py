@@ -11,7 +11,7 @@ import logging
 import os
 import re
 from collections import UserDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -44,7 +44,12 @@ class TruncationStrategy(enum.Enum):
     DO_NOT_TRUNCATE = "do_not_truncate"
 
 
-def _strategy(enum_cls: type[enum.Enum], value: Any) -> Any:
+def _strategy(enum_cls: type[enum.Enum], value: Any, when_true: enum.Enum, when_off: enum.Enum) -> Any:
+    """`True` -> `when_true`, `False` / `None` -> `when_off`, a name or member -> the member."""
+    if value is True:
+        return when_true
+    if value is False or value is None:
+        return when_off
     try:
         return enum_cls(value)
     except ValueError:
@@ -351,18 +356,10 @@ class PreTrainedTokenizerBase:
         """Upstream's resolution of `padding` / `truncation` / `max_length` into strategies."""
         if max_length is not None and padding is False and truncation is None:
             truncation = "longest_first"
-        if padding is True:
-            padding_strategy = PaddingStrategy.LONGEST
-        elif padding is False or padding is None:
-            padding_strategy = PaddingStrategy.DO_NOT_PAD
-        else:
-            padding_strategy = _strategy(PaddingStrategy, padding)
-        if truncation is True:
-            truncation_strategy = TruncationStrategy.LONGEST_FIRST
-        elif truncation is False or truncation is None:
-            truncation_strategy = TruncationStrategy.DO_NOT_TRUNCATE
-        else:
-            truncation_strategy = _strategy(TruncationStrategy, truncation)
+        padding_strategy = _strategy(PaddingStrategy, padding, PaddingStrategy.LONGEST, PaddingStrategy.DO_NOT_PAD)
+        truncation_strategy = _strategy(
+            TruncationStrategy, truncation, TruncationStrategy.LONGEST_FIRST, TruncationStrategy.DO_NOT_TRUNCATE
+        )
         if max_length is None:
             unlimited = self.model_max_length > LARGE_INTEGER
             if padding_strategy == PaddingStrategy.MAX_LENGTH:
@@ -622,38 +619,11 @@ class PreTrainedTokenizerBase:
     # ------------------------------------------------------------------ files
     @classmethod
     def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        revision: str | None = None,
-        local_files_only: bool = False,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
-        **kwargs: Any,
+        cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any
     ) -> PreTrainedTokenizerBase:
         """Load from a directory (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
-        chat_template.jinja) or a Hub id (the local Hugging Face cache first). kwargs override the files' settings."""
-        from .utils.hub import resolve_pretrained_path
-
-        path = resolve_pretrained_path(
-            pretrained_model_name_or_path,
-            revision=revision,
-            local_files_only=local_files_only,
-            cache_dir=cache_dir,
-            token=token,
-        )
-        return cls._from_directory(path, os.fspath(pretrained_model_name_or_path), local_files_only, kwargs)
-
-    @classmethod
-    def _from_directory(
-        cls, path: str, name_or_path: str, local_files_only: bool, kwargs: dict[str, Any]
-    ) -> PreTrainedTokenizerBase:
-        """The tokenizer in the local directory `path` (resolved from `name_or_path`)."""
-        init_kwargs = read_tokenizer_files(path, kwargs, cls.SPECIAL_TOKENS_ATTRIBUTES)
-        init_kwargs["name_or_path"] = name_or_path
-        init_kwargs["is_local"] = os.path.isdir(name_or_path)
-        init_kwargs["local_files_only"] = local_files_only
-        return cls(**init_kwargs)
+        chat_template.jinja) or a Hub id (see `load_tokenizer`). kwargs override the files' settings."""
+        return load_tokenizer(lambda path: cls, pretrained_model_name_or_path, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> tuple[str, ...]:
         """Write tokenizer_config.json, chat_template.jinja (and additional_chat_templates/) and tokenizer.json,
@@ -711,6 +681,30 @@ class PreTrainedTokenizerBase:
                 f.write(template)
             saved.append(file)
         return saved
+
+
+def load_tokenizer(
+    select_class: Callable[[str], type[PreTrainedTokenizerBase]],
+    pretrained_model_name_or_path: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    local_files_only: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+    **kwargs: Any,
+) -> PreTrainedTokenizerBase:
+    """The tokenizer of a directory or a Hub id (the local Hugging Face cache first, see `resolve_pretrained_path`),
+    of the class `select_class(directory)` picks, built from its files with `kwargs` on top."""
+    from .utils.hub import resolve_pretrained_path
+
+    name = os.fspath(pretrained_model_name_or_path)
+    path = resolve_pretrained_path(
+        name, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir, token=token
+    )
+    tokenizer_class = select_class(path)
+    init_kwargs = read_tokenizer_files(path, kwargs, tokenizer_class.SPECIAL_TOKENS_ATTRIBUTES)
+    init_kwargs.update(name_or_path=name, is_local=os.path.isdir(name), local_files_only=local_files_only)
+    return tokenizer_class(**init_kwargs)
 
 
 def _added_token_type() -> type:

@@ -9,9 +9,8 @@ import os
 from typing import Any
 
 from ...configuration_utils import load_config_dict
-from ...tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, _read_json
+from ...tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, _read_json, load_tokenizer
 from ...tokenization_utils_tokenizers import TokenizersBackend
-from ...utils.hub import resolve_pretrained_path
 
 logger = logging.getLogger(__name__)
 
@@ -66,19 +65,11 @@ class AutoTokenizer:
         raise OSError("AutoTokenizer is not instantiable: use AutoTokenizer.from_pretrained(dir)")
 
     @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        revision: str | None = None,
-        local_files_only: bool = False,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
-        **kwargs: Any,
-    ) -> TokenizersBackend:
-        """The checkpoint's tokenizer; kwargs override tokenizer_config.json settings (`padding_side="left"`,
-        `pad_token=...`). `use_fast` is ignored (every tokenizer is a fast one, as in upstream 5), and so is
-        `trust_remote_code` (with a warning) unless the checkpoint needs remote code, which is an error."""
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> TokenizersBackend:
+        """The checkpoint's tokenizer (a directory, or a Hub id with `revision`, `local_files_only`, `cache_dir`,
+        `token`); other kwargs override tokenizer_config.json settings (`padding_side="left"`, `pad_token=...`).
+        `use_fast` is ignored (every tokenizer is a fast one, as in upstream 5), and so is `trust_remote_code` (with
+        a warning) unless the checkpoint needs remote code, which is an error. `config=` may give the model type."""
         kwargs.pop("use_fast", None)
         if kwargs.pop("trust_remote_code", None):
             logger.warning("trust_remote_code=True is ignored: transformers_static runs no remote code")
@@ -86,16 +77,8 @@ class AutoTokenizer:
             if kwargs.get(name):
                 raise ValueError(f"AutoTokenizer.from_pretrained({name}=...) is not supported by transformers_static")
         config = kwargs.pop("config", None)
-        path = resolve_pretrained_path(
-            pretrained_model_name_or_path,
-            revision=revision,
-            local_files_only=local_files_only,
-            cache_dir=cache_dir,
-            token=token,
-        )
-        tokenizer_class = select_tokenizer_class(path, config)
-        return tokenizer_class._from_directory(
-            path, os.fspath(pretrained_model_name_or_path), local_files_only, kwargs
+        return load_tokenizer(
+            lambda path: select_tokenizer_class(path, config), pretrained_model_name_or_path, **kwargs
         )
 
 
