@@ -113,3 +113,9 @@ def test_same_script_resolves_like_upstream(offline_cache) -> None:
         exec(SCRIPT, {})
     assert result.stdout == upstream.getvalue()
     assert result.stdout.startswith("['<|im_start|>system")
+
+
+def test_without_huggingface_hub_the_error_says_so(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(OSError, match=r"'org/tiny' is not a directory; .*install huggingface_hub"):
+        resolve_pretrained_path("org/tiny")

@@ -4,6 +4,7 @@ decoded text, padding, truncation, special tokens and saved files."""
 import json
 import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -227,3 +228,9 @@ def test_unsupported_inputs_are_clear_errors(tokenizer_dirs, tmp_path) -> None:
         tokenizer(["x"], padding="everything")
     with pytest.raises(ValueError, match="return_tensors must be"):
         tokenizer("x", return_tensors="tf")
+
+
+def test_missing_tokenizers_library_is_a_clear_error(tokenizer_dirs, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if the [tokenizers] extra were not installed
+    with pytest.raises(ImportError, match=r"pip install 'transformers-static\[tokenizers\]'"):
+        AutoTokenizer.from_pretrained(tokenizer_dirs["gpt2_byte_level"])

@@ -28,7 +28,8 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
 VERY_LARGE_INTEGER = int(1e30)  # model_max_length of a model with no length limit
 LARGE_INTEGER = int(1e20)
-UPSTREAM_VERSION = (5, 23, 0)  # the transformers version whose files and behaviour this follows
+UPSTREAM_VERSION = (5, 23, 0)
+TOKENIZERS_MISSING = "Tokenizers need the tokenizers library: pip install 'transformers-static[tokenizers]'"  # the transformers version whose files and behaviour this follows
 
 
 class PaddingStrategy(enum.Enum):
@@ -708,8 +709,10 @@ def load_tokenizer(
 
 
 def _added_token_type() -> type:
-    from tokenizers import AddedToken
-
+    try:
+        from tokenizers import AddedToken
+    except ImportError:
+        raise ImportError(TOKENIZERS_MISSING) from None
     return AddedToken
 
 

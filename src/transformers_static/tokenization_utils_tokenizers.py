@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import Any, ClassVar
 
 from .tokenization_utils_base import (
+    TOKENIZERS_MISSING,
     BatchEncoding,
     PaddingStrategy,
     PreTrainedTokenizerBase,
@@ -42,7 +43,7 @@ class TokenizersBackend(PreTrainedTokenizerBase):
 
     def __init__(self, *, tokenizer_object: Any = None, tokenizer_file: str | None = None, **kwargs: Any) -> None:
         if Tokenizer is None:
-            raise ImportError("Tokenizers need the tokenizers library: pip install 'transformers-static[tokenizers]'")
+            raise ImportError(TOKENIZERS_MISSING)
         backend = self._make_backend(tokenizer_object, tokenizer_file, kwargs)
         self._tokenizer = backend
         self._apply_backend_settings(kwargs)
