@@ -4,9 +4,12 @@ upstream Llama checkpoint and real tokenizers built in the test)."""
 
 import contextlib
 import io
+import json
+import os
 
 import pytest
 import torch
+import transformers
 
 import transformers_static
 
@@ -117,3 +120,46 @@ def test_pipeline_refuses_other_tasks_and_options(tmp_path) -> None:
         pipe("x", num_beams=2, max_new_tokens=2)
     with pytest.raises(ValueError, match="cannot do batching"):
         pipe(["x", "y"], batch_size=2, max_new_tokens=2)
+
+
+GENERATION_CASES = [
+    ({}, {}),
+    ({}, {"do_sample": False}),
+    ({}, {"max_length": 30}),
+    ({"max_new_tokens": 5}, {"temperature": 0.2}),
+    ({"do_sample": False}, {"top_k": 3}),
+]
+
+
+@pytest.mark.parametrize(
+    "generation_config",
+    [{}, {"do_sample": True, "temperature": 0.2, "top_p": 0.9, "max_new_tokens": 8}],
+    ids=["no_generation_config", "sampling_generation_config"],
+)
+def test_pipeline_passes_generate_what_upstream_passes(generation_config, tmp_path) -> None:
+    """The pipeline's defaults (256 new tokens, sampling at 0.7, the tokenizer's pad id) fill only what neither the
+    call, the construction nor the model's generation config set: the same generate kwargs as upstream's."""
+    checkpoint = fixtures.tiny_llama_checkpoint(str(tmp_path / "ckpt"))
+    config_file = os.path.join(checkpoint, "config.json")
+    with open(config_file) as f:
+        config = {k: v for k, v in json.load(f).items() if k != "pad_token_id"}
+    with open(config_file, "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(checkpoint, "generation_config.json"), "w") as f:
+        json.dump(
+            {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], **generation_config}, f
+        )
+    for init_kwargs, call_kwargs in GENERATION_CASES:
+        recorded = []
+        for library in (transformers, transformers_static):
+            pipe = library.pipeline("text-generation", model=checkpoint, device="cpu", **init_kwargs)
+            calls = []
+
+            def fake_generate(input_ids, attention_mask=None, calls=calls, **kwargs):
+                calls.append(kwargs)
+                return torch.cat([input_ids, input_ids[:, :1]], dim=1)
+
+            pipe.model.generate = fake_generate
+            pipe("Hello", **call_kwargs)
+            recorded.append(calls[0])
+        assert recorded[1] == recorded[0], (init_kwargs, call_kwargs)
