@@ -4,9 +4,19 @@ UPSTREAM = "transformers==5.23.0"  # the behavioural reference, pinned
 
 extras = {
     "bench": [UPSTREAM, "matplotlib>=3.7", "tqdm>=4.60"],
-    "tokenizers": ["tokenizers>=0.15"],
+    # AutoTokenizer, chat templates (jinja2's sandbox fixes from 3.1.6), streamers, pipeline("text-generation")
+    "tokenizers": ["tokenizers>=0.22", "jinja2>=3.1.6"],
+    # Hub ids ("org/name"): the local Hugging Face cache, downloads when online
+    "hub": ["huggingface_hub>=0.30"],
 }
-extras["testing"] = ["pytest>=8", "parameterized>=0.9", "ruff>=0.6", *extras["bench"], *extras["tokenizers"]]
+extras["testing"] = [
+    "pytest>=8",
+    "parameterized>=0.9",
+    "ruff>=0.6",
+    *extras["bench"],
+    *extras["tokenizers"],
+    *extras["hub"],
+]
 
 setup(
     name="transformers-static",

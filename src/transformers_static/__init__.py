@@ -1,7 +1,7 @@
 """transformers-static: Hugging Face-style causal LMs whose generation compiles once (static 4D masks, static caches).
 
-Architecture classes (`LlamaConfig`, `LlamaModel`, `LlamaForCausalLM`, ...) are imported on first use, from the
-same tables the auto classes use, so `import transformers_static` loads no model file.
+Architecture classes (`LlamaConfig`, `LlamaModel`, `LlamaForCausalLM`, `LlamaTokenizer`, ...) are imported on
+first use, from the same tables the auto classes use, so `import transformers_static` loads no model file.
 """
 
 import importlib
@@ -10,11 +10,16 @@ from typing import Any
 from .cache_utils import Cache, DynamicCache, StaticCache
 from .configuration_utils import PretrainedConfig
 from .generation import GenerationConfig, GenerationMixin
+from .generation.streamers import AsyncTextIteratorStreamer, BaseStreamer, TextIteratorStreamer, TextStreamer
 from .modeling_attn_mask_utils import AttentionMaskConverter
 from .modeling_utils import PreTrainedModel
-from .models.auto import AutoConfig, AutoModel, AutoModelForCausalLM
+from .models.auto import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 from .models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from .models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+from .models.auto.tokenization_auto import TOKENIZER_CLASSES
+from .pipelines import TextGenerationPipeline, pipeline
+from .tokenization_utils_base import BatchEncoding
+from .tokenization_utils_tokenizers import PreTrainedTokenizerFast, TokenizersBackend
 
 __version__ = "0.1.0"
 
@@ -25,6 +30,7 @@ _ARCHITECTURE_CLASSES = {
         ("configuration", CONFIG_MAPPING_NAMES),
         ("modeling", MODEL_MAPPING_NAMES),
         ("modeling", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        ("tokenization", {model_type: name for name, model_type in TOKENIZER_CLASSES.items()}),
     )
     for model_type, name in mapping.items()
 }
@@ -41,16 +47,26 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AsyncTextIteratorStreamer",
     "AttentionMaskConverter",
     "AutoConfig",
     "AutoModel",
     "AutoModelForCausalLM",
+    "AutoTokenizer",
+    "BaseStreamer",
+    "BatchEncoding",
     "Cache",
     "DynamicCache",
     "GenerationConfig",
     "GenerationMixin",
     "PreTrainedModel",
+    "PreTrainedTokenizerFast",
     "PretrainedConfig",
     "StaticCache",
+    "TextGenerationPipeline",
+    "TextIteratorStreamer",
+    "TextStreamer",
+    "TokenizersBackend",
+    "pipeline",
     *sorted(_ARCHITECTURE_CLASSES),
 ]

@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from .utils.hub import resolve_pretrained_path
+
 CONFIG_NAME = "config.json"
 
 _DTYPES = {
@@ -114,7 +116,7 @@ class PretrainedConfig:
 
 def load_config_dict(pretrained_path: str | os.PathLike) -> dict[str, Any]:
     """The raw dict of a checkpoint's config.json, with clear errors for a missing or corrupt file."""
-    path = os.fspath(pretrained_path)
+    path = resolve_pretrained_path(pretrained_path)
     if os.path.isdir(path):
         path = os.path.join(path, CONFIG_NAME)
     if not os.path.isfile(path):

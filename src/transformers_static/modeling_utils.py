@@ -19,6 +19,7 @@ from torch import nn
 from .attention_utils import ATTENTION_FUNCTIONS
 from .configuration_utils import PretrainedConfig, resolve_dtype
 from .modeling_attn_mask_utils import AttentionMaskConverter
+from .utils.hub import resolve_pretrained_path
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +98,17 @@ class PreTrainedModel(nn.Module):
         device_map: DeviceMap = None,
         low_cpu_mem_usage: bool | None = None,
         trust_remote_code: bool | None = None,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
-        """Load a checkpoint directory: config.json and model.safetensors (or its sharded index, or a
-        pytorch_model.bin read with `weights_only=True`), with upstream's argument names.
+        """Load a checkpoint: config.json and model.safetensors (or its sharded index, or a pytorch_model.bin read
+        with `weights_only=True`), from a directory or a Hub id, with upstream's argument names.
+
+        A Hub id ("org/name") resolves through the local Hugging Face cache, or a download when online
+        (`revision`, `local_files_only`, `cache_dir`, `token`: see `utils.hub.resolve_pretrained_path`).
 
         `dtype` (alias `torch_dtype`; "auto" or None: the config's dtype, else float32), `device_map` (one device:
         "cpu", "cuda", "cuda:1", 0, "auto", `{"": device}`), `config` (an object or a path), and config fields as
@@ -109,7 +117,10 @@ class PreTrainedModel(nn.Module):
         always on. `trust_remote_code` is never needed for the architectures here and is ignored with a warning.
         """
         _refuse_unsupported(kwargs)
-        path = os.fspath(pretrained_model_name_or_path)
+        hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
+        path = resolve_pretrained_path(pretrained_model_name_or_path, **hub)
+        if not isinstance(config, PretrainedConfig) and config is not None:
+            config = resolve_pretrained_path(config, **hub)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a directory: expected a checkpoint dir with config.json and weights")
         config = _resolve_config(cls, path, config, kwargs)

@@ -1,5 +1,6 @@
 from .configuration_auto import CONFIG_MAPPING_NAMES, AutoConfig
 from .modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, AutoModel, AutoModelForCausalLM
+from .tokenization_auto import AutoTokenizer
 
 __all__ = [
     "CONFIG_MAPPING_NAMES",
@@ -7,4 +8,5 @@ __all__ = [
     "AutoConfig",
     "AutoModel",
     "AutoModelForCausalLM",
+    "AutoTokenizer",
 ]

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from ...configuration_utils import PretrainedConfig
 from ...modeling_utils import PreTrainedModel
+from ...utils.hub import resolve_pretrained_path
 from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
@@ -63,9 +64,11 @@ class _AutoModel:
         **kwargs: Any,
     ) -> PreTrainedModel:
         """The model class of the checkpoint's (or the given) config, loaded with its `from_pretrained`."""
+        hub = {k: kwargs[k] for k in ("revision", "local_files_only", "cache_dir", "token") if k in kwargs}
+        path = resolve_pretrained_path(pretrained_model_name_or_path, **hub)
         if not isinstance(config, PretrainedConfig):
-            config = AutoConfig.from_pretrained(config if config is not None else pretrained_model_name_or_path)
-        return cls.model_class(config).from_pretrained(pretrained_model_name_or_path, config=config, **kwargs)
+            config = AutoConfig.from_pretrained(resolve_pretrained_path(config, **hub) if config is not None else path)
+        return cls.model_class(config).from_pretrained(path, config=config, **kwargs)
 
 
 class AutoModel(_AutoModel):

@@ -1,0 +1,130 @@
+"""AutoTokenizer: the tokenizer class of a checkpoint, chosen as upstream chooses it (tokenizer_config.json's
+`tokenizer_class`, corrected by the model type's registered class), among the classes implemented here."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any
+
+from ...configuration_utils import load_config_dict
+from ...tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, _read_json, load_tokenizer
+from ...tokenization_utils_tokenizers import TokenizersBackend
+
+logger = logging.getLogger(__name__)
+
+# model_type -> upstream's registered tokenizer class (model types absent here have none).
+TOKENIZER_MAPPING_NAMES = {
+    "gemma": "GemmaTokenizer",
+    "gemma2": "GemmaTokenizer",
+    "gpt2": "GPT2Tokenizer",
+    "gpt_neox": "GPTNeoXTokenizer",
+    "gptj": "GPT2Tokenizer",
+    "mistral": "TokenizersBackend",
+    "opt": "GPT2Tokenizer",
+    "phi": "GPT2Tokenizer",
+    "qwen2": "Qwen2Tokenizer",
+}
+# Model types whose Hub tokenizer_class upstream overrides with the registered class.
+MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {"qwen2"}
+BACKEND_NAMES = {"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer", "BloomTokenizer"}
+# Class name -> module of its implementation here.
+TOKENIZER_CLASSES = {
+    "GPT2Tokenizer": "gpt2",
+    "GPTNeoXTokenizer": "gpt_neox",
+    "GemmaTokenizer": "gemma",
+    "LlamaTokenizer": "llama",
+    "Qwen2Tokenizer": "qwen2",
+}
+
+
+def tokenizer_class_from_name(name: str) -> type[TokenizersBackend]:
+    """Our class for an upstream tokenizer class name (a "Fast" suffix is ignored); an unknown name is an error
+    rather than a silent fall-back to tokenizer.json as it is."""
+    name = name.removesuffix("Fast")
+    if name in BACKEND_NAMES:
+        return TokenizersBackend
+    if name not in TOKENIZER_CLASSES:
+        supported = sorted({*TOKENIZER_CLASSES, "PreTrainedTokenizerFast", "TokenizersBackend"})
+        raise ValueError(
+            f"Tokenizer class {name!r} is not supported by transformers_static; supported: {', '.join(supported)}. "
+            'To use tokenizer.json exactly as it is, set "tokenizer_class": "PreTrainedTokenizerFast" in '
+            "tokenizer_config.json."
+        )
+    module = importlib.import_module(
+        f"transformers_static.models.{TOKENIZER_CLASSES[name]}.tokenization_{TOKENIZER_CLASSES[name]}"
+    )
+    return getattr(module, name)
+
+
+class AutoTokenizer:
+    """`AutoTokenizer.from_pretrained(dir_or_hub_id)`."""
+
+    def __init__(self) -> None:
+        raise OSError("AutoTokenizer is not instantiable: use AutoTokenizer.from_pretrained(dir)")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> TokenizersBackend:
+        """The checkpoint's tokenizer (a directory, or a Hub id with `revision`, `local_files_only`, `cache_dir`,
+        `token`); other kwargs override tokenizer_config.json settings (`padding_side="left"`, `pad_token=...`).
+        `use_fast` is ignored (every tokenizer is a fast one, as in upstream 5), and so is `trust_remote_code` (with
+        a warning) unless the checkpoint needs remote code, which is an error. `config=` may give the model type."""
+        kwargs.pop("use_fast", None)
+        if kwargs.pop("trust_remote_code", None):
+            logger.warning("trust_remote_code=True is ignored: transformers_static runs no remote code")
+        for name in ("tokenizer_type", "gguf_file", "subfolder", "fix_mistral_regex", "force_download", "proxies"):
+            if kwargs.get(name):
+                raise ValueError(f"AutoTokenizer.from_pretrained({name}=...) is not supported by transformers_static")
+        config = kwargs.pop("config", None)
+        return load_tokenizer(
+            lambda path: select_tokenizer_class(path, config), pretrained_model_name_or_path, **kwargs
+        )
+
+
+def select_tokenizer_class(path: str, config: Any = None) -> type[TokenizersBackend]:
+    """Upstream's choice: a LlamaTokenizer over a byte-level tokenizer.json -> TokenizersBackend; a Hub class that
+    differs from the model type's registered class -> the Hub class (the registered one for model types known to
+    ship a wrong one) if specialised, else TokenizersBackend; otherwise tokenizer_config.json's class, the config's
+    `tokenizer_class`, the registered class, TokenizersBackend."""
+    config_file = os.path.join(path, TOKENIZER_CONFIG_FILE)
+    tokenizer_config = _read_json(config_file) if os.path.isfile(config_file) else {}
+    if tokenizer_config.get("auto_map"):
+        raise ValueError(f"{path!r} needs custom tokenizer code (auto_map); transformers_static runs no remote code")
+    model_config = _model_config(path, config)
+    model_type = model_config.get("model_type") or None
+    declared = tokenizer_config.get("tokenizer_class") or model_config.get("tokenizer_class")
+    registered = TOKENIZER_MAPPING_NAMES.get(model_type)
+    if (
+        declared
+        and declared.removesuffix("Fast") == "LlamaTokenizer"
+        and model_type not in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+        and _is_byte_level(os.path.join(path, TOKENIZER_FILE))
+    ):
+        return TokenizersBackend
+    if declared and registered and registered.removesuffix("Fast") != declared.removesuffix("Fast"):
+        if registered in BACKEND_NAMES:
+            return TokenizersBackend
+        name = registered if model_type in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS else declared
+        return tokenizer_class_from_name(name)
+    if declared:
+        return tokenizer_class_from_name(declared)
+    return tokenizer_class_from_name(registered) if registered else TokenizersBackend
+
+
+def _is_byte_level(tokenizer_file: str) -> bool:
+    """Whether tokenizer.json declares a ByteLevel pre-tokenizer or decoder (upstream's text test)."""
+    if not os.path.isfile(tokenizer_file):
+        return False
+    with open(tokenizer_file, encoding="utf-8") as f:
+        return '"ByteLevel"' in f.read()
+
+
+def _model_config(path: str, config: Any) -> dict[str, Any]:
+    """The model config as a dict: the `config` passed, else config.json beside the tokenizer, else empty."""
+    if config is not None:
+        return {"model_type": config.model_type, "tokenizer_class": getattr(config, "tokenizer_class", None)}
+    try:
+        return load_config_dict(path)
+    except OSError:
+        return {}

@@ -1,0 +1,27 @@
+"""GPT2Tokenizer: byte-level BPE, rebuilt from tokenizer.json's vocab and merges as upstream's (a plain ByteLevel
+pre-tokenizer and decoder, no normalizer: whatever else tokenizer.json holds is dropped, as upstream drops it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...tokenization_utils_tokenizers import TokenizersBackend, byte_level_bpe
+
+
+class GPT2Tokenizer(TokenizersBackend):
+    init_defaults = {
+        "errors": "replace",
+        "unk_token": "<|endoftext|>",
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "pad_token": None,
+        "add_prefix_space": False,
+    }
+
+    def build_backend(self, kwargs: dict[str, Any]) -> Any:
+        from tokenizers import decoders, pre_tokenizers
+
+        backend = byte_level_bpe(kwargs)
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=kwargs["add_prefix_space"])
+        backend.decoder = decoders.ByteLevel()
+        return backend

@@ -1,0 +1,1 @@
+"""Helpers shared by the loaders: the Hub cache, chat templates."""
