@@ -199,3 +199,17 @@ def test_saved_file_holds_only_what_was_set(tmp_path: Path) -> None:
     GenerationConfig(max_new_tokens=5, top_k=None).save_pretrained(tmp_path)
     assert json.loads((tmp_path / "generation_config.json").read_text()) == {"max_new_tokens": 5}
     assert not os.path.exists(tmp_path / "config.json")
+
+
+def test_layering_is_kwargs_then_passed_config_then_the_models(llama: Pair) -> None:
+    model = AutoModelForCausalLM.from_pretrained(llama.path)
+    model.generation_config = GenerationConfig(max_new_tokens=3, eos_token_id=None, repetition_penalty=1.4)
+    ids = torch.tensor([[4, 5]])
+    assert model.generate(ids).shape == (1, 5)
+    passed = transformers.GenerationConfig(max_new_tokens=4)
+    assert model.generate(ids, generation_config=passed).shape == (1, 6)  # eos stays unset: the model's None
+    assert model.generate(ids, generation_config=passed, max_new_tokens=5).shape == (1, 7)
+    torch.testing.assert_close(
+        model.generate(ids, generation_config=passed),
+        llama.upstream.generate(ids, max_new_tokens=4, eos_token_id=None, repetition_penalty=1.4),
+    )

@@ -118,7 +118,8 @@ def no_repeat_ngram(scores: torch.Tensor, history: TokenHistory, n: int, window_
         return scores
     windows = history.tokens[:, :window_slots].unfold(1, n, 1)  # [batch, window_slots - n + 1, n]
     suffix = history.last(n - 1)  # [batch, n - 1]
-    matching = (windows[..., :-1] == suffix[:, None, :]).all(-1) & (windows >= 0).all(-1)
+    # A real suffix only matches real tokens; the n-gram's last slot must be written too.
+    matching = (windows[..., :-1] == suffix[:, None, :]).all(-1) & (windows[..., -1] >= 0)
     matching &= (suffix >= 0).all(-1, keepdim=True)
     vocab_size = scores.shape[-1]
     banned = torch.zeros(scores.shape[0], vocab_size + 1, dtype=torch.bool, device=scores.device)
