@@ -111,7 +111,7 @@ def test_module_entry_point_exit_status(tmp_path: Path) -> None:
 def test_preset_is_a_real_deterministic_checkpoint(cache_dir: Path) -> None:
     path = preset_path("llama-tiny")
     assert path == cache_dir / "presets" / "llama-tiny"
-    assert {p.name for p in path.iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in path.iterdir()} == {"config.json", "generation_config.json", "model.safetensors"}
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")], "a temporary folder was left behind"
     loaded = AutoModelForCausalLM.from_pretrained(path).state_dict()
     rebuilt = build_preset_model(get_preset("llama-tiny")).state_dict()

@@ -94,12 +94,12 @@ def test_top_k_1_sampling_equals_greedy(llama) -> None:
     assert torch.equal(greedy, sampled)
 
 
-@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.7, 5, 1.0), (1.0, None, 0.8), (1.3, 10, 0.5)])
-def test_logit_filters_match_upstream_warpers(temperature: float, top_k: int | None, top_p: float) -> None:
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.7, 5, 1.0), (1.0, 0, 0.8), (1.3, 10, 0.5)])
+def test_logit_filters_match_upstream_warpers(temperature: float, top_k: int, top_p: float) -> None:
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(3))
     config = GenerationConfig(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
     expected = TemperatureLogitsWarper(temperature)(None, logits.clone())
-    if top_k is not None:
+    if top_k:
         expected = TopKLogitsWarper(top_k)(None, expected)
     if top_p < 1.0:
         expected = TopPLogitsWarper(top_p)(None, expected)

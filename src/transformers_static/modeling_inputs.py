@@ -37,7 +37,23 @@ def embed_inputs(
         return inputs_embeds
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2D [batch, q_len], got shape {list(input_ids.shape)}")
+    if not torch.compiler.is_compiling():  # a host read: eager forwards only
+        check_token_ids(input_ids, embed_tokens.num_embeddings)
     return embed_tokens(input_ids)
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int, real: torch.Tensor | None = None) -> None:
+    """A ValueError naming the rows of `input_ids` `[batch, len]` holding ids outside `[0, vocab_size)` (only where
+    `real`, a padding mask, is nonzero)."""
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    if real is not None:
+        bad &= real.bool()
+    if bad.any():
+        rows = bad.any(-1).nonzero().flatten().tolist()
+        raise ValueError(
+            f"input_ids rows {rows} hold token ids outside the vocabulary [0, {vocab_size}): "
+            f"{sorted(set(input_ids[bad].tolist()))[:8]}"
+        )
 
 
 def prepare_attention_inputs(

@@ -1,9 +1,9 @@
 """Named random-weight models, built from a seed and saved once as real checkpoints in a cache folder.
 
 A preset is a model type, a config and a seed. `preset_path(name)` builds it on first use (weights drawn from
-the seeded global RNG by our model constructors), saves it with `save_pretrained` (config.json +
-model.safetensors) into `<cache>/presets/<name>`, and returns that directory: callers then load it back with
-`AutoModelForCausalLM.from_pretrained`, so the real checkpoint path is what runs. The cache root is
+the seeded global RNG by our model constructors), saves it with `save_pretrained` (config.json,
+generation_config.json, model.safetensors) into `<cache>/presets/<name>`, and returns that directory: callers then
+load it back with `AutoModelForCausalLM.from_pretrained`, so the real checkpoint path is what runs. The cache root is
 `$TRANSFORMERS_STATIC_CACHE`, else `$XDG_CACHE_HOME/transformers_static`, else `~/.cache/transformers_static`.
 
 Saving is atomic: the checkpoint is written to a temporary sibling folder and renamed into place, so a run

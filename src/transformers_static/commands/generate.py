@@ -145,7 +145,7 @@ def _sampling_options(args: argparse.Namespace, config_class: type) -> dict[str,
     """generate() kwargs for greedy or sampled decoding, validated by GenerationConfig."""
     options: dict[str, Any] = {"do_sample": args.sample}
     if args.sample:
-        options.update(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p)
+        options.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     try:
         config_class(**options)
     except ValueError as err:

@@ -22,9 +22,25 @@ from typing import Any, Protocol
 import torch
 
 from ..cache_utils import DynamicCache, StaticCache
+from ..configuration_utils import PretrainedConfig
 from ..modeling_attn_mask_utils import StaticDecodeMask, mask_converters, position_ids_from_padding
-from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig
-from .logits_process import next_tokens
+from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig, generation_lengths
+from .logits_process import LogitsProcessing, logits_processing, next_tokens
+from .prompt import prepare_prompt
+from .stopping_criteria import HostStops, StopStrings, Tokenizer
+
+# Arguments of upstream's generate this library does not take, and what they ask for.
+REFUSED_ARGUMENTS = {
+    "assistant_model": "assisted decoding",
+    "assistant_tokenizer": "assisted decoding",
+    "logits_processor": "custom logits processors (use the generation config's fields)",
+    "stopping_criteria": "custom stopping criteria (use stop_strings, max_time, eos_token_id)",
+    "prefix_allowed_tokens_fn": "prefix-constrained decoding",
+    "negative_prompt_ids": "classifier-free guidance",
+    "negative_prompt_attention_mask": "classifier-free guidance",
+    "custom_generate": "custom generate functions",
+    "synced_gpus": "synced GPUs",
+}
 
 
 class Streamer(Protocol):
@@ -38,7 +54,8 @@ class Streamer(Protocol):
 @dataclass
 class GenerateDecoderOnlyOutput:
     sequences: torch.Tensor  # [batch, prompt_len + new_tokens]
-    logits: tuple[torch.Tensor, ...] | None = None  # per new token: [batch, vocab]
+    scores: tuple[torch.Tensor, ...] | None = None  # per new token: processed scores [batch, vocab], float32
+    logits: tuple[torch.Tensor, ...] | None = None  # per new token: raw logits [batch, vocab], float32
 
 
 @dataclass
@@ -51,14 +68,22 @@ class _Session:
     position_ids: torch.Tensor  # [batch, 1]: position of the next token
     padding_mask: torch.Tensor | None  # dynamic only: the 2D padding mask [batch, past + 1], grown per step
     decode_masks: dict[str, StaticDecodeMask] | None  # static only: per kind, [batch, 1, 1, max_cache_len]
+    prompt_ids: torch.Tensor  # [batch, prompt_slots]: the prompt as the cache holds it (static: whole chunks)
+    prompt_mask: torch.Tensor  # [batch, prompt_slots]: 1 = token
+    capacity: int  # slots for the prompt and every new token
 
 
 class GenerationMixin:
     """Adds `generate` and the generation config to a causal-LM model (anything whose forward follows
-    CausalLMMixin's signature)."""
+    CausalLMMixin's signature). `generation_config` always exists: the checkpoint's generation_config.json, else
+    the generation fields of the model config (bos/eos/pad ids), as upstream derives it."""
 
     generation_config: GenerationConfig
     max_positions: int | None
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__(config)
+        self.generation_config = GenerationConfig.from_model_config(config)
 
     def load_pretrained_extras(self, path: str) -> None:
         """Read the checkpoint's generation_config.json, if it has one."""
@@ -68,48 +93,79 @@ class GenerationMixin:
 
     def save_pretrained_extras(self, save_directory: str) -> None:
         super().save_pretrained_extras(save_directory)
-        if getattr(self, "generation_config", None) is not None:
-            self.generation_config.save_pretrained(save_directory)
+        GenerationConfig.from_any(self.generation_config).save_pretrained(save_directory)
 
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        generation_config: GenerationConfig | None = None,
+        generation_config: GenerationConfig | dict[str, Any] | Any | None = None,
         *,
         streamer: Streamer | None = None,
         generator: torch.Generator | None = None,
         past_key_values: StaticCache | None = None,
         compile: bool = False,
+        tokenizer: Tokenizer | None = None,
         **kwargs: Any,
     ) -> torch.Tensor | GenerateDecoderOnlyOutput:
-        """Greedy or sampled generation, batched with left padding, stopping per row on EOS.
+        """Greedy or sampled generation, batched, stopping per row on EOS or a stop string.
 
-        kwargs override `generation_config` fields (`max_new_tokens`, `do_sample`, `top_k`, ...). `generator`
-        seeds sampling; `past_key_values` supplies a StaticCache to fill; `compile=True` runs the decode steps
-        through a forward compiled for the device (`compiled_forward`; the prefill runs eager, as upstream's
-        compiled generation does, so a first call compiles one graph). Returns `[batch, prompt_len + new]` token ids, or a
-        GenerateDecoderOnlyOutput when `return_dict_in_generate`.
+        `generation_config` (ours, upstream's `transformers.GenerationConfig`, or a dict) and kwargs override the
+        model's `generation_config`, as upstream layers them; a value asking for what this library does not do (beam
+        search, assisted decoding, ...) raises NotImplementedError. Right padding is moved to the left (the returned
+        prompt is left-padded). `generator` seeds sampling; `past_key_values` supplies a StaticCache to fill;
+        `tokenizer` decodes for `stop_strings`; `compile=True` runs the decode steps through a forward compiled for
+        the device (`compiled_forward`; the prefill runs eager, as upstream's compiled generation does, so a first
+        call compiles one graph; logits processing runs eager, and is compile-ready). Returns
+        `[batch, prompt_len + new]` token ids, or a GenerateDecoderOnlyOutput when `return_dict_in_generate`.
         """
-        config = self._generation_config(generation_config, kwargs)
-        attention_mask = self._prompt_mask(input_ids, attention_mask, config)
-        max_new_tokens = config.max_new_tokens or max(config.max_length - input_ids.shape[1], 1)
-        self._check_fits_position_table(attention_mask, max_new_tokens)
-        if config.cache_implementation == "static":
-            session, logits = self._prefill_static(input_ids, attention_mask, config, max_new_tokens, past_key_values)
+        config, default_max_length, default_min_length = self._generation_config(generation_config, kwargs)
+        if compile and config.disable_compile:
+            raise ValueError("generate(compile=True) contradicts the generation config's disable_compile=True")
+        input_ids = self._input_ids_or_bos(input_ids, config)
+        input_ids, attention_mask = prepare_prompt(input_ids, attention_mask, self.config.vocab_size, config)
+        lengths = generation_lengths(
+            config,
+            input_ids.shape[1],
+            default_max_length=default_max_length,
+            default_min_length=default_min_length,
+            max_position_embeddings=getattr(self.config, "max_position_embeddings", None),
+        )
+        self._check_fits_position_table(attention_mask, lengths.max_new_tokens)
+        fed = input_ids.masked_fill(attention_mask == 0, 0)  # padding is masked; any id there works, 0 always does
+        if config.cache_implementation == "dynamic":
+            session, logits = self._prefill_dynamic(fed, attention_mask, lengths.max_new_tokens)
         else:
-            session, logits = self._prefill_dynamic(input_ids, attention_mask)
+            session, logits = self._prefill_static(
+                fed, attention_mask, config, lengths.max_new_tokens, past_key_values
+            )
+        processing = logits_processing(
+            config,
+            lengths,
+            session.prompt_ids,
+            session.prompt_mask,
+            prompt_width=input_ids.shape[1],
+            capacity=session.capacity,
+            vocab_size=self.config.vocab_size,
+        )
+        stops = self._host_stops(config, tokenizer, input_ids, attention_mask)
         if compile:
             session.forward = self.compiled_forward()
         if streamer is not None:
             streamer.put(input_ids.cpu())
-        new_tokens, all_logits = self._decode(session, logits, config, max_new_tokens, streamer, generator)
+        new_tokens, scores, all_logits = self._decode(
+            session, logits, config, lengths.max_new_tokens, processing, stops, streamer, generator
+        )
         if streamer is not None:
             streamer.end()
         sequences = torch.cat([input_ids, new_tokens], dim=-1)
         if config.return_dict_in_generate:
-            return GenerateDecoderOnlyOutput(sequences, tuple(all_logits) if config.output_logits else None)
+            return GenerateDecoderOnlyOutput(
+                sequences,
+                tuple(scores) if config.output_scores else None,
+                tuple(all_logits) if config.output_logits else None,
+            )
         return sequences
 
     def compiled_forward(self) -> Callable[..., Any]:
@@ -129,39 +185,42 @@ class GenerationMixin:
 
     # ------------------------------------------------------------------ setup
     def _generation_config(
-        self, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
-    ) -> GenerationConfig:
-        base = generation_config or getattr(self, "generation_config", None) or self._default_generation_config()
-        config = base.update(**kwargs)
-        if config.pad_token_id is None:
-            config.pad_token_id = config.eos_token_ids[0] if config.eos_token_ids else 0
-        return config
+        self, generation_config: GenerationConfig | dict[str, Any] | Any | None, kwargs: dict[str, Any]
+    ) -> tuple[GenerationConfig, bool, bool]:
+        """The call's config, layered as upstream's: kwargs > `generation_config` > the model's > `DEFAULTS`; and
+        whether max_length / min_length came from the defaults (upstream's length rules tell them apart)."""
+        refused = {k: v for k, v in kwargs.items() if k in REFUSED_ARGUMENTS and v is not None and v is not False}
+        if refused:
+            name, value = next(iter(refused.items()))
+            shown = repr(value) if isinstance(value, (bool, int, float, str)) else f"<{type(value).__name__}>"
+            raise NotImplementedError(f"generate({name}={shown}) is not supported: {REFUSED_ARGUMENTS[name]}")
+        kwargs = {k: v for k, v in kwargs.items() if k not in REFUSED_ARGUMENTS}
+        passed = GenerationConfig() if generation_config is None else GenerationConfig.from_any(generation_config)
+        own = GenerationConfig.from_any(self.generation_config)
+        default_max_length = kwargs.get("max_length") is None and passed.max_length is None and own.max_length is None
+        default_min_length = kwargs.get("min_length") is None and passed.min_length is None and own.min_length is None
+        config = passed.merged(own).with_defaults().update(**kwargs)
+        config.check_supported()
+        return config, default_max_length, default_min_length
 
-    def _default_generation_config(self) -> GenerationConfig:
-        model_config = self.config
-        return GenerationConfig(
-            eos_token_id=model_config.eos_token_id,
-            pad_token_id=model_config.pad_token_id,
-            bos_token_id=model_config.bos_token_id,
-        )
+    def _input_ids_or_bos(self, input_ids: torch.Tensor | None, config: GenerationConfig) -> torch.Tensor:
+        """The prompt, or (none given) a batch of one BOS token, as upstream starts."""
+        if input_ids is not None:
+            return input_ids
+        if config.bos_token_id is None:
+            raise ValueError("generate needs input_ids, or a bos_token_id to start from")
+        return torch.full((1, 1), config.bos_token_id, dtype=torch.long, device=self.device)
 
     @staticmethod
-    def _prompt_mask(
-        input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: GenerationConfig
-    ) -> torch.Tensor:
-        """The prompt's 2D padding mask (1 = real token), checked against input_ids `[batch, prompt_len]`."""
-        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(
-                f"input_ids must be 2D [batch, prompt_len] with prompt_len >= 1, got {list(input_ids.shape)}"
-            )
-        if attention_mask is None:
-            return torch.ones_like(input_ids)
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"attention_mask must have the shape of input_ids {list(input_ids.shape)} [batch, prompt_len], "
-                f"got {list(attention_mask.shape)}"
-            )
-        return attention_mask.long()
+    def _host_stops(
+        config: GenerationConfig, tokenizer: Tokenizer | None, input_ids: torch.Tensor, mask: torch.Tensor
+    ) -> HostStops:
+        """Stop strings (on each row's real prompt tokens and new tokens) and the time limit."""
+        stop_strings = None
+        if config.stop_strings is not None:
+            prompts = [row[real.bool()].tolist() for row, real in zip(input_ids, mask, strict=True)]
+            stop_strings = StopStrings(config.stop_strings, tokenizer, prompts)
+        return HostStops(stop_strings, config.max_time)
 
     def _check_fits_position_table(self, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
         """A clear ValueError when the longest prompt plus `max_new_tokens` would leave a position table."""
@@ -186,7 +245,7 @@ class GenerationMixin:
     ) -> tuple[_Session, torch.Tensor]:
         """Left-pad the prompt to whole chunks, prefill chunk by chunk, and set up the in-place decode state."""
         batch, prompt_len = input_ids.shape
-        chunk = config.prefill_chunk_size
+        chunk = config.prefill_chunk
         padded_len = config.padded_prompt_len(prompt_len)
         pad = padded_len - prompt_len
         ids = torch.nn.functional.pad(input_ids, (pad, 0), value=0)  # [batch, padded_len]; padding is masked
@@ -210,10 +269,22 @@ class GenerationMixin:
             kind: StaticDecodeMask(converter, padding, last)
             for kind, converter in mask_converters(self.config).items()
         }
-        session = _Session(self, cache, last + 1, positions[:, -1:] + 1, None, decode_masks)
+        session = _Session(
+            forward=self,
+            cache=cache,
+            cache_position=last + 1,
+            position_ids=positions[:, -1:] + 1,
+            padding_mask=None,
+            decode_masks=decode_masks,
+            prompt_ids=ids,
+            prompt_mask=prompt_mask,
+            capacity=cache.max_cache_len,
+        )
         return session, logits
 
-    def _prefill_dynamic(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[_Session, torch.Tensor]:
+    def _prefill_dynamic(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+    ) -> tuple[_Session, torch.Tensor]:
         """The classic path: a DynamicCache and a 2D mask that grows by a column per step."""
         prompt_len = input_ids.shape[1]
         positions = position_ids_from_padding(attention_mask)  # [batch, prompt_len]
@@ -227,7 +298,17 @@ class GenerationMixin:
             cache_position=cache_position,
             logits_to_keep=1,
         ).logits[:, -1]
-        session = _Session(self, cache, cache_position[-1:] + 1, positions[:, -1:] + 1, attention_mask, None)
+        session = _Session(
+            forward=self,
+            cache=cache,
+            cache_position=cache_position[-1:] + 1,
+            position_ids=positions[:, -1:] + 1,
+            padding_mask=attention_mask,
+            decode_masks=None,
+            prompt_ids=input_ids,
+            prompt_mask=attention_mask,
+            capacity=prompt_len + max_new_tokens,
+        )
         return session, logits
 
     def _static_cache(
@@ -262,29 +343,42 @@ class GenerationMixin:
         logits: torch.Tensor,
         config: GenerationConfig,
         max_new_tokens: int,
+        processing: LogitsProcessing,
+        stops: HostStops,
         streamer: Streamer | None,
         generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Pick, then feed back, one token per step; finished rows get pad_token_id. Returns `[batch, new]`."""
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Process, pick, then feed back, one token per step; with an EOS, finished rows get pad_token_id (the first
+        EOS when unset, as upstream).
+
+        Returns the new tokens `[batch, new]` and, when asked for, each step's scores and raw logits (float32)."""
         eos = torch.tensor(config.eos_token_ids, device=logits.device, dtype=torch.long)
+        pad = config.eos_token_ids[0] if config.pad_token_id is None and config.eos_token_ids else config.pad_token_id
         finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-        tokens, all_logits = [], []
+        tokens, all_scores, all_logits = [], [], []
         for step in range(max_new_tokens):
+            scores = processing(logits)  # [batch, vocab]
+            # Copies: a CUDA-graph output is overwritten by the next replay.
             if config.output_logits:
-                all_logits.append(logits.clone())  # a CUDA-graph output is overwritten by the next replay
-            picked = next_tokens(logits, config, generator)  # [batch]
-            token = picked.masked_fill(finished, config.pad_token_id)
+                all_logits.append(logits.to(torch.float32, copy=True))
+            if config.output_scores:
+                all_scores.append(scores.to(torch.float32, copy=True))
+            picked = next_tokens(scores, config.do_sample, generator)  # [batch]
+            processing.append(picked)
+            token = picked.masked_fill(finished, pad) if eos.numel() else picked
             tokens.append(token)
             if streamer is not None:
                 streamer.put(token.cpu())
             finished |= torch.isin(token, eos)
-            # One host read per step, outside the forward, and only when there is an EOS to stop on.
-            if step == max_new_tokens - 1 or (eos.numel() and bool(finished.all())):
+            out_of_time = stops.update(picked, finished)
+            # At most one host read per step, outside the forward, and only when something can stop a row.
+            can_stop = eos.numel() or stops.stop_strings is not None
+            if step == max_new_tokens - 1 or out_of_time or (can_stop and bool(finished.all())):
                 break
             # Finished rows are fed their own pick (a valid id, unlike a pad id outside the vocabulary); only the
             # rows still running are read.
             logits = self._decode_one_token(session, picked)
-        return torch.stack(tokens, dim=1), all_logits
+        return torch.stack(tokens, dim=1), all_scores, all_logits
 
     def _decode_one_token(self, session: _Session, token: torch.Tensor) -> torch.Tensor:
         """One forward for `token` `[batch]`; the step's inputs are advanced in place for the static path."""

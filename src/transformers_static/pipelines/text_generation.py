@@ -194,13 +194,7 @@ class TextGenerationPipeline:
         """The generation parameters the model (and a passed generation config) set away from the defaults."""
         defaults = dataclasses.asdict(GenerationConfig())
         params = {}
-        model_config = getattr(self.model, "generation_config", None)
-        if model_config is None:  # what upstream derives from the model config
-            config = self.model.config
-            model_config = GenerationConfig(
-                bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
-            )
-        for config in (model_config, user_config):
+        for config in (self.model.generation_config, user_config):
             if config is not None:
                 params.update({k: v for k, v in dataclasses.asdict(config).items() if v != defaults[k]})
         return params

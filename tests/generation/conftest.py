@@ -1,0 +1,48 @@
+"""Tiny random checkpoints (noise on every weight) shared by the generation tests: upstream's model and ours, loaded
+from the same saved checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from transformers_static import AutoModelForCausalLM
+
+VOCAB = 64
+
+
+@dataclass
+class Pair:
+    path: str
+    upstream: Any  # transformers' model
+    ours: Any  # transformers_static's model, loaded from `path`
+
+
+def save_noisy(upstream: Any, path: str) -> None:
+    """Noise on every upstream weight (biases, norms, positions all matter), then a real checkpoint."""
+    with torch.no_grad():
+        for param in upstream.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    upstream.eval().save_pretrained(path)
+
+
+@pytest.fixture(scope="session")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Pair:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=2,
+    )
+    upstream = transformers.LlamaForCausalLM(config)
+    path = str(tmp_path_factory.mktemp("llama"))
+    save_noisy(upstream, path)
+    return Pair(path, upstream, AutoModelForCausalLM.from_pretrained(path))
