@@ -71,7 +71,7 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return not self.problem and self.applies and self.before.failed and self.after.passed
+        return bool(not self.problem and self.applies and self.before.failed and self.after.passed)
 
     def cells(self) -> list[str]:
         seconds = sum(run.seconds for run in (self.before, self.after) if run)
@@ -116,16 +116,16 @@ def check_layout(pr: Path) -> str:
         return f"missing {', '.join(missing)}"
     paths = [path for pair in PATCH_PATH.findall(patch.read_text()) for path in pair]
     if not paths or any(not path.startswith("src/transformers/") for path in paths):
-        return "fix.patch must only touch src/transformers/..."
+        return "fix.patch must be a git diff of files under src/transformers/ only"
     if any("transformers_static" in path.read_text() for path in [patch, *tests]):
         return "imports this project"
     return ""
 
 
-def run_tests(workdir: Path, tests: list[str], timeout: float) -> Run:
-    """pytest on `tests` inside `workdir`, importing `workdir/src/transformers`; the whole process group is killed
-    on timeout (spawned workers included)."""
-    env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
+def run_tests(workdir: Path, tests: list[str], timeout: float, threads: int) -> Run:
+    """pytest on `tests` inside `workdir`, importing `workdir/src/transformers`, with `threads` OpenMP threads
+    unless set; the whole process group is killed on timeout (spawned workers included)."""
+    env = {"OMP_NUM_THREADS": str(threads), **os.environ, "PYTHONPATH": str(workdir / "src")}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(workdir), *tests]
     start = time.monotonic()
     with subprocess.Popen(
@@ -152,7 +152,7 @@ def git_apply(workdir: Path, patch: Path, check: bool) -> subprocess.CompletedPr
     return subprocess.run(command, cwd=workdir, capture_output=True, text=True)
 
 
-def stage(pr: Path, package: Path, timeout: float) -> Row:
+def stage(pr: Path, package: Path, timeout: float, threads: int) -> Row:
     """Copy the package, test (must fail), apply the patch (must apply), test again (must pass)."""
     row = Row(pr.name, problem=check_layout(pr))
     if row.problem:
@@ -164,13 +164,14 @@ def stage(pr: Path, package: Path, timeout: float) -> Row:
         subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
         (workdir / "conftest.py").write_text(CONFTEST)
         tests = [shutil.copy(test, workdir) for test in sorted(pr.glob("test_*.py"))]
-        row.before = run_tests(workdir, tests, timeout)
-        check = git_apply(workdir, pr / "fix.patch", check=True)
-        row.applies = check.returncode == 0 and git_apply(workdir, pr / "fix.patch", check=False).returncode == 0
-        if not row.applies:
-            row.problem = (check.stderr or check.stdout).strip()
-            return row
-        row.after = run_tests(workdir, tests, timeout)
+        row.before = run_tests(workdir, tests, timeout, threads)
+        for check in (True, False):
+            applied = git_apply(workdir, pr / "fix.patch", check)
+            if applied.returncode:
+                row.applies, row.problem = False, (applied.stderr or applied.stdout).strip()
+                return row
+        row.applies = True
+        row.after = run_tests(workdir, tests, timeout, threads)
     return row
 
 
@@ -200,15 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="PRs staged at once")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per test run")
     args = parser.parse_args(argv)
-    prs = sorted(path for path in args.root.iterdir() if path.is_dir() and (not args.names or path.name in args.names))
+    prs = sorted(
+        path
+        for path in args.root.iterdir()
+        if path.is_dir() and path.name[0] not in "._" and (not args.names or path.name in args.names)
+    )
     if not prs or (args.names and len(prs) != len(set(args.names))):
         raise SystemExit(
             f"no staged PR named {args.names} under {args.root}" if args.names else f"no PR in {args.root}"
         )
     package = args.package or installed_package()
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-        rows = list(pool.map(lambda pr: stage(pr, package, args.timeout), prs))
+    jobs = max(args.jobs, 1)
+    threads = max((os.cpu_count() or 1) // jobs, 1)  # the PRs staged at once share the cores
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        rows = list(pool.map(lambda pr: stage(pr, package, args.timeout, threads), prs))
     print(table(rows))
     for row in rows:
         if not row.ok:
