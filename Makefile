@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: install demo test quality style repo-consistency fix-copies
+.PHONY: install demo test stage quality style repo-consistency fix-copies
 
 install:
 	test -x $(PY) || python3 -m venv .venv
@@ -16,6 +16,10 @@ demo:
 
 test:
 	$(PY) -m pytest -q
+
+# Each upstream/<name>/ PR: its test fails on the pinned upstream, its patch applies, its test then passes.
+stage:
+	$(PY) utils/stage_upstream.py
 
 quality: repo-consistency
 	$(PY) -m ruff check .
