@@ -202,17 +202,24 @@ class PreTrainedModel(nn.Module):
         dtype: str | torch.dtype | None = "auto",
         device: str | torch.device | None = None,
         config: PretrainedConfig | None = None,
+        gguf_file: str | None = None,
     ) -> PreTrainedModel:
         """Load a checkpoint directory: config.json and model.safetensors (or its sharded index, or a
-        pytorch_model.bin read with `weights_only=True`). `dtype="auto"` keeps the checkpoint's config dtype."""
+        pytorch_model.bin read with `weights_only=True`), or the GGUF file `gguf_file` in it (dequantized).
+        `dtype="auto"` keeps the checkpoint's config dtype (a GGUF's float type; float32 when quantized)."""
         path = os.fspath(pretrained_path)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a directory: expected a checkpoint dir with config.json and weights")
-        config = config or cls.config_class.from_pretrained(path)
+        config = config or cls.config_class.from_pretrained(path, gguf_file=gguf_file)
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
         target_dtype = resolve_dtype(dtype) or config.dtype or torch.float32
-        state_dict = load_state_dict(path)
+        if gguf_file is not None:
+            from .modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+            state_dict = load_gguf_checkpoint(os.path.join(path, gguf_file), target_dtype)[1]
+        else:
+            state_dict = load_state_dict(path)
         with _default_dtype(target_dtype):
             model = cls(config)
         model.load_checkpoint_state_dict(state_dict)

@@ -56,7 +56,7 @@ class _AutoModel:
 
     @classmethod
     def from_pretrained(cls, pretrained_path: str | os.PathLike, **kwargs: Any) -> PreTrainedModel:
-        config = AutoConfig.from_pretrained(pretrained_path)
+        config = AutoConfig.from_pretrained(pretrained_path, gguf_file=kwargs.get("gguf_file"))
         return cls.model_class(config).from_pretrained(pretrained_path, config=config, **kwargs)
 
 
