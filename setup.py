@@ -5,8 +5,18 @@ UPSTREAM = "transformers==5.23.0"  # the behavioural reference, pinned
 extras = {
     "bench": [UPSTREAM, "matplotlib>=3.7", "tqdm>=4.60"],
     "tokenizers": ["tokenizers>=0.15"],
+    "gguf": ["gguf>=0.16", "tokenizers>=0.15"],  # GGUF (llama.cpp) checkpoints: weights and tokenizer
 }
-extras["testing"] = ["pytest>=8", "parameterized>=0.9", "ruff>=0.6", *extras["bench"], *extras["tokenizers"]]
+# accelerate: upstream's GGUF loading (the reference in the GGUF tests) requires it
+extras["testing"] = [
+    "pytest>=8",
+    "parameterized>=0.9",
+    "ruff>=0.6",
+    "accelerate",
+    *extras["bench"],
+    *extras["tokenizers"],
+    *extras["gguf"],
+]
 
 setup(
     name="transformers-static",

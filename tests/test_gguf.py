@@ -249,6 +249,20 @@ class GGUFArchitectureTest(TmpDirTestCase):
         ids = input_ids()
         torch.testing.assert_close(logits(ours, ids), logits(upstream, ids), atol=ATOL, rtol=0)
 
+    def test_phi2_with_fused_qkv(self) -> None:
+        """Phi-2 files converted from the original checkpoint hold one `attn_qkv` (`[q; k; v]` rows) per block."""
+        upstream = self.write_model_gguf("phi2")
+        tensors = gguf_tensors("phi2", self.path("hf"), upstream.config)
+        for block in range(upstream.config.num_hidden_layers):
+            for suffix in ("weight", "bias"):
+                parts = [tensors.pop(f"blk.{block}.attn_{part}.{suffix}") for part in "qkv"]
+                tensors[f"blk.{block}.attn_qkv.{suffix}"] = np.concatenate(parts)
+        metadata = CASES["phi2"][3](upstream.config)
+        write_gguf(self.path("gguf", "model.gguf"), "phi2", tensors, metadata, tokenizer=byte_tokens(VOCAB))
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        ids = input_ids()
+        torch.testing.assert_close(logits(ours, ids), logits(upstream, ids), atol=ATOL, rtol=0)
+
     def test_save_pretrained_writes_an_ordinary_checkpoint(self) -> None:
         self.write_model_gguf("llama", Q.Q4_0)
         ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")

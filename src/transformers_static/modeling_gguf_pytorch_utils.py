@@ -38,17 +38,17 @@ def _gguf() -> Any:
 
 # ---------------------------------------------------------------------- reading
 def read_gguf(gguf_path: str | os.PathLike) -> tuple[Any, GGUFMetadata]:
-    """`(GGUFReader, metadata)` of a file. The last file read is kept (keyed by path, size and mtime): a model load
-    reads its config and then its tensors, and parsing a large vocabulary twice costs seconds."""
+    """`(GGUFReader, metadata)` of a file. The last file read is kept (keyed by path, inode, size and mtime): a
+    model load reads its config and then its tensors, and parsing a large vocabulary twice costs seconds."""
     path = os.fspath(gguf_path)
     if not os.path.isfile(path):
         raise OSError(f"GGUF file {path!r} not found")
     stat = os.stat(path)
-    return _read_gguf(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    return _read_gguf(os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=1)
-def _read_gguf(path: str, size: int, mtime_ns: int) -> tuple[Any, GGUFMetadata]:
+def _read_gguf(path: str, inode: int, size: int, mtime_ns: int) -> tuple[Any, GGUFMetadata]:
     try:
         reader = _gguf().GGUFReader(path)
     except (ValueError, IndexError, OSError) as err:
