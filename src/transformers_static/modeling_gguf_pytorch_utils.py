@@ -117,13 +117,20 @@ def _our_name(module: str, block: int | None, suffix: str) -> str:
     return f"{module.format(block)}.{suffix}"
 
 
+# Tensors llama.cpp writes for features not supported here, and what they are.
+UNSUPPORTED_TENSORS = {"rope_freqs": "llama.cpp's rope frequency factors (Llama 3.1-style rope scaling)"}
+
+
 def _check_tensor_names(md: GGUFMetadata, names: dict[str, str]) -> None:
     unknown = sorted(name for name in md.tensor_shapes if _split_name(name)[0] not in names)
-    if unknown:
-        raise ValueError(
-            f"{md.path}: GGUF tensor(s) {unknown[:8]}{' ...' if len(unknown) > 8 else ''} have no place in a "
-            f"{md.architecture} model here (known tensors: {', '.join(sorted(names))})"
-        )
+    if not unknown:
+        return
+    stems = {name: _split_name(name)[0] for name in unknown}
+    reasons = "".join(f"; {n} is {UNSUPPORTED_TENSORS[s]}" for n, s in stems.items() if s in UNSUPPORTED_TENSORS)
+    raise ValueError(
+        f"{md.path}: GGUF tensor(s) {unknown[:8]}{' ...' if len(unknown) > 8 else ''} have no place in a "
+        f"{md.architecture} model here{reasons} (known tensors: {', '.join(sorted(names))})"
+    )
 
 
 def _check_tensor_types(reader: Any, path: str) -> None:
@@ -287,6 +294,7 @@ def convert_gguf_to_checkpoint(
     os.makedirs(os.path.dirname(out_dir), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.", suffix=".partial", dir=os.path.dirname(out_dir))
     try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0o700 would make the published checkpoint private
         model.save_pretrained(tmp)
         for name, text in tokenizer_files.items():
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
