@@ -106,12 +106,15 @@ def _head_dim(md: GGUFMetadata) -> int:
     return head_dim
 
 
-def _llama_config(md: GGUFMetadata) -> dict[str, Any]:
+def _rotary_decoder(md: GGUFMetadata) -> dict[str, Any]:
+    """`_decoder` with the head dim and full-width rotary positions (Llama, Mistral, Qwen2, Gemma)."""
     head_dim = _head_dim(md)
+    return {**_decoder(md), "head_dim": head_dim, "rope_parameters": _rope_parameters(md, head_dim, partial=False)}
+
+
+def _llama_config(md: GGUFMetadata) -> dict[str, Any]:
     return {
-        **_decoder(md),
-        "head_dim": head_dim,
-        "rope_parameters": _rope_parameters(md, head_dim, partial=False),
+        **_rotary_decoder(md),
         "attention_bias": md.has_tensor("blk.0.attn_q.bias"),
         "mlp_bias": md.has_tensor("blk.0.ffn_up.bias"),
     }
@@ -120,26 +123,17 @@ def _llama_config(md: GGUFMetadata) -> dict[str, Any]:
 def _mistral_config(md: GGUFMetadata) -> dict[str, Any]:
     """A Llama-architecture file named Mistral. llama.cpp's llama graph has no sliding window and the file states
     none, so the window is off: the model computes what llama.cpp computes from this file."""
-    head_dim = _head_dim(md)
-    rope = _rope_parameters(md, head_dim, partial=False)
-    return {**_decoder(md), "head_dim": head_dim, "rope_parameters": rope, "sliding_window": None}
+    return {**_rotary_decoder(md), "sliding_window": None}
 
 
 def _qwen2_config(md: GGUFMetadata) -> dict[str, Any]:
-    head_dim = _head_dim(md)
-    rope = _rope_parameters(md, head_dim, partial=False)
-    return {**_decoder(md), "head_dim": head_dim, "rope_parameters": rope, "use_sliding_window": False}
-
-
-def _gemma_config(md: GGUFMetadata) -> dict[str, Any]:
-    head_dim = _head_dim(md)
-    return {**_decoder(md), "head_dim": head_dim, "rope_parameters": _rope_parameters(md, head_dim, partial=False)}
+    return {**_rotary_decoder(md), "use_sliding_window": False}
 
 
 def _gemma2_config(md: GGUFMetadata) -> dict[str, Any]:
     """Soft-caps default to llama.cpp's 50 / 30. The query scale is llama.cpp's rule: 1/sqrt(head_dim), except
     for the 46-layer 27B model, 1/sqrt(hidden_size / heads)."""
-    config = _gemma_config(md)
+    config = _rotary_decoder(md)
     scalar = config["head_dim"]
     if config["num_hidden_layers"] == 46:
         scalar = config["hidden_size"] // config["num_attention_heads"]
@@ -359,7 +353,7 @@ GGUF_ARCHITECTURES = {
     "llama": GGUFArchitecture("llama", _llama_config, lambda config: LLAMA_TENSORS),
     "mistral": GGUFArchitecture("mistral", _mistral_config, lambda config: LLAMA_TENSORS),
     "qwen2": GGUFArchitecture("qwen2", _qwen2_config, lambda config: LLAMA_TENSORS),
-    "gemma": GGUFArchitecture("gemma", _gemma_config, lambda config: LLAMA_TENSORS),
+    "gemma": GGUFArchitecture("gemma", _rotary_decoder, lambda config: LLAMA_TENSORS),
     "gemma2": GGUFArchitecture("gemma2", _gemma2_config, lambda config: GEMMA2_TENSORS),
     "gpt2": GGUFArchitecture("gpt2", _gpt2_config, lambda config: GPT2_TENSORS),
     "falcon": GGUFArchitecture(
