@@ -20,6 +20,7 @@ from transformers_static import AutoModelForCausalLM, MistralForCausalLM
 from transformers_static.modeling_gguf_pytorch_utils import (
     convert_gguf_to_checkpoint,
     load_gguf_checkpoint,
+    load_gguf_config_dict,
     load_gguf_tokenizer_files,
 )
 
@@ -90,6 +91,17 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         {**LLAMA, "tie_word_embeddings": True},
         _llama_metadata,
         True,
+    ),
+    "llama_linear_rope": (
+        "llama",
+        transformers.LlamaForCausalLM,
+        {**LLAMA, "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}},
+        lambda c: {
+            **_llama_metadata(c),
+            "add_rope_scaling_type": gguf.RopeScalingType.LINEAR,
+            "add_rope_scaling_factor": c.rope_parameters["factor"],
+        },
+        False,  # upstream drops the file's rope scaling
     ),
     "qwen2": ("qwen2", transformers.Qwen2ForCausalLM, LLAMA, _llama_metadata, True),
     "gemma": (
@@ -248,6 +260,26 @@ class GGUFArchitectureTest(TmpDirTestCase):
         self.assertIsNone(ours.config.sliding_window)  # the file states none and llama.cpp applies none
         ids = input_ids()
         torch.testing.assert_close(logits(ours, ids), logits(upstream, ids), atol=ATOL, rtol=0)
+
+    def test_gemma2_query_scale_follows_llama_cpp(self) -> None:
+        """1/sqrt(head_dim), except for the 46-layer 27B model: 1/sqrt(hidden_size / heads) (llama.cpp's rule)."""
+        os.makedirs(self.path("gguf"))
+        metadata = {
+            "add_context_length": 8192,
+            "add_embedding_length": 4608,
+            "add_feed_forward_length": 36864,
+            "add_head_count": 32,
+            "add_head_count_kv": 16,
+            "add_layer_norm_rms_eps": 1e-6,
+            "add_key_length": 128,
+            "add_value_length": 128,
+            "add_sliding_window": 4096,
+        }
+        for layers, scalar in ((46, 144), (42, 128)):
+            path = self.path("gguf", f"{layers}.gguf")
+            embeddings = {"token_embd.weight": np.zeros((VOCAB, 32), dtype=np.float32)}
+            write_gguf(path, "gemma2", embeddings, {**metadata, "add_block_count": layers})
+            self.assertEqual(load_gguf_config_dict(path)["query_pre_attn_scalar"], scalar)
 
     def test_phi2_with_fused_qkv(self) -> None:
         """Phi-2 files converted from the original checkpoint hold one `attn_qkv` (`[q; k; v]` rows) per block."""
