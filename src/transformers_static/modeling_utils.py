@@ -102,10 +102,13 @@ class PreTrainedModel(nn.Module):
         local_files_only: bool = False,
         cache_dir: str | os.PathLike | None = None,
         token: str | bool | None = None,
+        gguf_file: str | None = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
         """Load a checkpoint: config.json and model.safetensors (or its sharded index, or a pytorch_model.bin read
-        with `weights_only=True`), from a directory or a Hub id, with upstream's argument names.
+        with `weights_only=True`), or the GGUF file `gguf_file` in it (config from its metadata, tensors
+        dequantized to `dtype`; "auto": the file's float type, float32 when quantized), from a directory or a Hub id,
+        with upstream's argument names.
 
         A Hub id ("org/name") resolves through the local Hugging Face cache, or a download when online
         (`revision`, `local_files_only`, `cache_dir`, `token`: see `utils.hub.resolve_pretrained_path`).
@@ -123,13 +126,18 @@ class PreTrainedModel(nn.Module):
             config = resolve_pretrained_path(config, **hub)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a directory: expected a checkpoint dir with config.json and weights")
-        config = _resolve_config(cls, path, config, kwargs)
+        config = _resolve_config(cls, path, config, kwargs, gguf_file)
         _check_remote_code(config, trust_remote_code)
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
         target_dtype = resolve_dtype(dtype if dtype is not None else torch_dtype) or config.dtype or torch.float32
         device = resolve_device_map(device_map)
-        state_dict = load_state_dict(path)
+        if gguf_file is not None:
+            from .modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+            state_dict = load_gguf_checkpoint(os.path.join(path, gguf_file), target_dtype)[1]
+        else:
+            state_dict = load_state_dict(path)
         with _default_dtype(target_dtype), _parameters_on_meta():
             model = cls(config)
         model.load_checkpoint_state_dict(state_dict, device=device)
@@ -234,14 +242,21 @@ def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
 
 
 def _resolve_config(
-    cls: type[PreTrainedModel], path: str, config: PretrainedConfig | str | os.PathLike | None, overrides: dict
+    cls: type[PreTrainedModel],
+    path: str,
+    config: PretrainedConfig | str | os.PathLike | None,
+    overrides: dict,
+    gguf_file: str | None = None,
 ) -> PretrainedConfig:
-    """The model's config: the given object (copied), or read from `config` / the checkpoint, with config fields
-    in `overrides` applied; any other keyword is a TypeError, as upstream's model constructor raises."""
+    """The model's config: the given object (copied), or read from `config` / the checkpoint (its GGUF file's
+    metadata), with config fields in `overrides` applied; any other keyword is a TypeError, as upstream's model
+    constructor raises."""
     if isinstance(config, PretrainedConfig):
         config = copy.deepcopy(config)
+    elif config is not None:
+        config = cls.config_class.from_pretrained(os.fspath(config))
     else:
-        config = cls.config_class.from_pretrained(os.fspath(config) if config is not None else path)
+        config = cls.config_class.from_pretrained(path, gguf_file=gguf_file)
     unknown = sorted(k for k in overrides if not hasattr(config, k))
     if unknown:
         raise TypeError(

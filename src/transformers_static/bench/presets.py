@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,18 +144,60 @@ def build_preset_model(preset: Preset) -> torch.nn.Module:
 
 
 def save_preset(preset: Preset, path: Path) -> None:
-    """Build and save `preset` to `path` atomically (temp dir + rename; a concurrent winner is kept)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model = build_preset_model(preset)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}-", dir=path.parent))
+    """Build and save `preset` to `path` atomically; a stale incomplete folder is replaced, a concurrent winner
+    kept."""
+    if path.exists() and not (path / COMPLETE_MARKER).is_file():
+        shutil.rmtree(path, ignore_errors=True)
     try:
-        model.save_pretrained(tmp)
-        _apply_umask(tmp)
-        if path.exists() and not (path / COMPLETE_MARKER).is_file():  # a stale, incomplete folder: replace it
-            shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-    except OSError:
+        with atomic_directory(path) as tmp:
+            build_preset_model(preset).save_pretrained(tmp)
+    except FileExistsError:
         if not (path / COMPLETE_MARKER).is_file():
+            raise
+
+
+def convert_gguf_to_checkpoint(
+    gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str | torch.dtype | None = None
+) -> str:
+    """Convert a GGUF file into an ordinary checkpoint directory: config.json, safetensors weights (dequantized to
+    `dtype`, default the file's float type), generation_config.json, and the tokenizer files when the file holds a
+    tokenizer. Atomic (see `atomic_directory`): an existing `out_dir` is never touched (FileExistsError, also when
+    another process finished the same conversion first). Returns `out_dir`."""
+    from ..modeling_gguf_pytorch_utils import load_gguf_tokenizer_files, read_gguf
+    from ..models.auto import AutoModelForCausalLM
+
+    gguf_path, out_dir = os.path.abspath(gguf_path), os.path.abspath(out_dir)
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir!r} already exists; remove it to convert {gguf_path!r} again")
+    has_tokenizer = "tokenizer.ggml.tokens" in read_gguf(gguf_path)[1].fields
+    tokenizer_files = load_gguf_tokenizer_files(gguf_path) if has_tokenizer else {}
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=dtype or "auto"
+    )
+    with atomic_directory(Path(out_dir)) as tmp:
+        model.save_pretrained(tmp)
+        for name, text in tokenizer_files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    return out_dir
+
+
+@contextmanager
+def atomic_directory(path: Path) -> Iterator[Path]:
+    """A hidden temporary sibling of `path` to fill, renamed to `path` when the block succeeds: `path` is either
+    absent or complete, never half written. FileExistsError if `path` exists, before or (written by another
+    process) after the block."""
+    if path.exists():
+        raise FileExistsError(f"{str(path)!r} already exists")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        yield tmp
+        _apply_umask(tmp)
+        try:
+            os.replace(tmp, path)
+        except OSError as err:
+            if path.is_dir():
+                raise FileExistsError(f"{str(path)!r} was written by another process meanwhile") from err
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

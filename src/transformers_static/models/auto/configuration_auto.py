@@ -43,8 +43,10 @@ class AutoConfig:
         return model_class(model_type, "configuration", CONFIG_MAPPING_NAMES)(**kwargs)
 
     @staticmethod
-    def from_pretrained(pretrained_path: str | os.PathLike, **overrides: Any) -> PretrainedConfig:
-        config_dict = load_config_dict(pretrained_path)
+    def from_pretrained(
+        pretrained_path: str | os.PathLike, gguf_file: str | None = None, **overrides: Any
+    ) -> PretrainedConfig:
+        config_dict = load_config_dict(pretrained_path, gguf_file)
         if "model_type" not in config_dict:
             raise ValueError(
                 f"config.json at {os.fspath(pretrained_path)!r} has no 'model_type'; "

@@ -67,7 +67,10 @@ class _AutoModel:
         hub = {k: kwargs[k] for k in ("revision", "local_files_only", "cache_dir", "token") if k in kwargs}
         path = resolve_pretrained_path(pretrained_model_name_or_path, **hub)
         if not isinstance(config, PretrainedConfig):
-            config = AutoConfig.from_pretrained(resolve_pretrained_path(config, **hub) if config is not None else path)
+            source = resolve_pretrained_path(config, **hub) if config is not None else path
+            config = AutoConfig.from_pretrained(
+                source, gguf_file=None if config is not None else kwargs.get("gguf_file")
+            )
         return cls.model_class(config).from_pretrained(path, config=config, **kwargs)
 
 

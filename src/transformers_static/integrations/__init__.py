@@ -1,0 +1,1 @@
+"""Integrations with other formats and libraries (GGUF / llama.cpp)."""

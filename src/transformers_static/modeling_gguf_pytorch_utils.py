@@ -1,0 +1,263 @@
+"""Loading GGUF (llama.cpp) checkpoints with the `gguf` package: the config from the file's metadata, the tensors
+dequantized to a torch dtype under our state-dict names, and an atomic conversion to an ordinary checkpoint.
+
+    config_dict, state_dict = load_gguf_checkpoint("model.gguf", torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file="model.gguf", dtype="float32")
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .integrations.ggml import GGUF_ARCHITECTURES, GGUFMetadata, gguf_architecture
+from .integrations.ggml_tokenizer import gguf_tokenizer
+
+GGUF_INSTALL_HINT = "pip install 'transformers-static[gguf]' (or pip install gguf)"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+
+
+def _gguf() -> Any:
+    """The `gguf` package, with install advice when it is missing."""
+    try:
+        import gguf
+    except ImportError as err:
+        raise ImportError(f"Loading a GGUF file needs the `gguf` package: {GGUF_INSTALL_HINT}") from err
+    return gguf
+
+
+# ---------------------------------------------------------------------- reading
+def read_gguf(gguf_path: str | os.PathLike) -> tuple[Any, GGUFMetadata]:
+    """`(GGUFReader, metadata)` of a file. The last file read is kept (keyed by path, inode, size and mtime): a
+    model load reads its config and then its tensors, and parsing a large vocabulary twice costs seconds."""
+    path = os.fspath(gguf_path)
+    if not os.path.isfile(path):
+        raise OSError(f"GGUF file {path!r} not found")
+    stat = os.stat(path)
+    return _read_gguf(os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_gguf(path: str, inode: int, size: int, mtime_ns: int) -> tuple[Any, GGUFMetadata]:
+    try:
+        reader = _gguf().GGUFReader(path)
+    except (ValueError, IndexError, OSError) as err:
+        raise OSError(f"{path!r} is not a readable GGUF file: {err}") from err
+    fields = {key: field.contents() for key, field in reader.fields.items()}
+    if "general.architecture" not in fields:
+        raise OSError(f"{path!r} has no general.architecture in its metadata: not a model GGUF file")
+    if fields.get("split.count", 1) > 1:
+        raise ValueError(f"{path!r} is one part of a split GGUF; merge the parts first (llama-gguf-split --merge)")
+    shapes = {tensor.name: tuple(int(dim) for dim in reversed(tensor.shape)) for tensor in reader.tensors}
+    return reader, GGUFMetadata(fields, shapes, path)
+
+
+def load_gguf_config_dict(gguf_path: str | os.PathLike) -> dict[str, Any]:
+    """The config.json dict of our model type for a GGUF file, from its metadata alone. `dtype` is the float type
+    the file holds its weights in (float32 when they are quantized)."""
+    reader, md = read_gguf(gguf_path)
+    architecture = gguf_architecture(md)
+    config = GGUF_ARCHITECTURES[architecture].config(md)
+    dtype = _file_dtype(reader)
+    return {**config, "model_type": GGUF_ARCHITECTURES[architecture].model_type, "dtype": str(dtype).split(".")[1]}
+
+
+def _file_dtype(reader: Any) -> torch.dtype:
+    """float16 / bfloat16 when those are the file's only non-float32 types (its norms stay float32), else float32."""
+    types = {tensor.tensor_type.name for tensor in reader.tensors}
+    if types <= {"F32", "F16", "BF16"}:
+        return torch.bfloat16 if "BF16" in types else torch.float16 if "F16" in types else torch.float32
+    return torch.float32
+
+
+# ---------------------------------------------------------------------- tensors
+def load_gguf_checkpoint(
+    gguf_path: str | os.PathLike, dtype: torch.dtype | None = None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """`(config_dict, state_dict)` of a GGUF file: every tensor dequantized, restored from llama.cpp's layout,
+    renamed to our state-dict names and cast to `dtype` (default: the file's float type, see `load_gguf_config_dict`).
+
+    Unknown tensors and ggml types the installed `gguf` cannot dequantize are errors raised before any tensor is read.
+    """
+    reader, md = read_gguf(gguf_path)
+    config = load_gguf_config_dict(gguf_path)
+    dtype = dtype or getattr(torch, config["dtype"])
+    architecture = gguf_architecture(md)
+    _check_tensor_types(reader, md.path)
+    names = GGUF_ARCHITECTURES[architecture].tensors(config)
+    _check_tensor_names(md, names)
+    undo = TENSOR_PROCESSORS.get(architecture, _unchanged)
+    state_dict = {}
+    for tensor in reader.tensors:
+        gguf_stem, block, suffix = _split_name(tensor.name)
+        for stem, value in undo(gguf_stem, _dequantize(tensor), config).items():
+            state_dict[_our_name(names[stem], block, suffix)] = value.to(dtype)
+    return config, state_dict
+
+
+def _split_name(name: str) -> tuple[str, int | None, str]:
+    """`blk.3.attn_q.weight` -> `("blk.attn_q", 3, "weight")`; `output_norm.weight` -> `("output_norm", None, ...)`."""
+    parts = name.split(".")
+    if len(parts) >= 4 and parts[0] == "blk" and parts[1].isdigit():
+        return "blk." + ".".join(parts[2:-1]), int(parts[1]), parts[-1]
+    return ".".join(parts[:-1]), None, parts[-1]
+
+
+def _our_name(module: str, block: int | None, suffix: str) -> str:
+    return f"{module.format(block)}.{suffix}"
+
+
+# Tensors llama.cpp writes for features not supported here, and what they are.
+UNSUPPORTED_TENSORS = {"rope_freqs": "llama.cpp's rope frequency factors (Llama 3.1-style rope scaling)"}
+
+
+def _check_tensor_names(md: GGUFMetadata, names: dict[str, str]) -> None:
+    unknown = sorted(name for name in md.tensor_shapes if _split_name(name)[0] not in names)
+    if not unknown:
+        return
+    stems = {name: _split_name(name)[0] for name in unknown}
+    reasons = "".join(f"; {n} is {UNSUPPORTED_TENSORS[s]}" for n, s in stems.items() if s in UNSUPPORTED_TENSORS)
+    raise ValueError(
+        f"{md.path}: GGUF tensor(s) {unknown[:8]}{' ...' if len(unknown) > 8 else ''} have no place in a "
+        f"{md.architecture} model here{reasons} (known tensors: {', '.join(sorted(names))})"
+    )
+
+
+def _check_tensor_types(reader: Any, path: str) -> None:
+    """A clear error naming the tensors whose ggml type the installed `gguf` cannot dequantize."""
+    quant_types = _gguf().GGMLQuantizationType
+    bad = sorted({(t.tensor_type.name, t.name) for t in reader.tensors if not _dequantizable(t.tensor_type)})
+    if bad:
+        supported = [qtype.name for qtype in quant_types if _dequantizable(qtype)]
+        raise ValueError(
+            f"{path}: cannot dequantize tensor(s) {[name for _, name in bad][:8]} of ggml type(s) "
+            f"{sorted({qtype for qtype, _ in bad})}; the installed gguf package dequantizes {', '.join(supported)}"
+        )
+
+
+@functools.cache
+def _dequantizable(qtype: Any) -> bool:
+    """Whether the installed `gguf` dequantizes this ggml type (tried on one zero block)."""
+    gguf = _gguf()
+    type_size = gguf.GGML_QUANT_SIZES[qtype][1]
+    try:
+        gguf.quants.dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _dequantize(tensor: Any) -> torch.Tensor:
+    """A GGUF tensor as float32 in torch's dim order (ggml lists dims fastest first)."""
+    values = _gguf().quants.dequantize(tensor.data, tensor.tensor_type)
+    return torch.from_numpy(np.require(values, np.float32, ["C", "W"])).reshape(tuple(reversed(tensor.shape.tolist())))
+
+
+# ---------------------------------------------------------------------- llama.cpp's layouts, undone
+# Each takes (stem, float32 tensor, config) and returns {stem: tensor as our model holds it}.
+def _unchanged(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {stem: tensor}
+
+
+def _llama(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """llama.cpp rotates interleaved pairs, so it stores each q/k head's rows as (pair, 2) where ours (and
+    upstream's rotate_half) hold (2, half): un-permute q with the heads, k with the key/value heads."""
+    heads = {"blk.attn_q": config["num_attention_heads"], "blk.attn_k": config["num_key_value_heads"]}.get(stem)
+    if heads is None:
+        return {stem: tensor}
+    rest = tensor.shape[1:]
+    paired = tensor.reshape(heads, tensor.shape[0] // heads // 2, 2, *rest)  # [heads, head_dim / 2, 2, ...]
+    return {stem: paired.transpose(1, 2).reshape(tensor.shape)}
+
+
+def _gemma(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """llama.cpp stores Gemma's RMSNorm weights as `1 + w` (it scales by the stored weight); ours hold `w`."""
+    return {stem: tensor - 1 if stem.endswith("norm") else tensor}
+
+
+def _gpt2(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """GPT-2's `Conv1D` weights are `[in, out]`; llama.cpp stores them `[out, in]`."""
+    if stem in ("blk.attn_qkv", "blk.attn_output", "blk.ffn_up", "blk.ffn_down") and tensor.dim() == 2:
+        return {stem: tensor.t().contiguous()}
+    return {stem: tensor}
+
+
+def _fused_qkv_per_head(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Bloom / GPT-NeoX fuse q, k, v per head (`[heads, 3, head_dim]` rows); llama.cpp stores `[3, heads, head_dim]`."""
+    if stem != "blk.attn_qkv":
+        return {stem: tensor}
+    heads = config.get("n_head") or config["num_attention_heads"]
+    rest = tensor.shape[1:]
+    return {stem: tensor.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(tensor.shape)}
+
+
+def _falcon(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Falcon groups rows per key/value head (`[kv_heads, heads / kv_heads + 2, head_dim]`: the group's queries,
+    then its key and value); llama.cpp stores all queries, then all keys, then all values."""
+    if stem != "blk.attn_qkv":
+        return {stem: tensor}
+    heads, kv_heads = config["num_attention_heads"], config["num_kv_heads"]
+    head_dim, rest = tensor.shape[0] // (heads + 2 * kv_heads), tensor.shape[1:]
+    q, k, v = tensor.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
+    groups = [part.reshape(kv_heads, -1, head_dim, *rest) for part in (q, k, v)]  # [kv_heads, n, head_dim, ...]
+    return {stem: torch.cat(groups, dim=1).reshape(tensor.shape)}
+
+
+def _phi2(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Phi-2 files converted from the original checkpoint fuse `[q; k; v]` rows in `attn_qkv`; ours are separate."""
+    if stem != "blk.attn_qkv":
+        return {stem: tensor}
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_rows = config["num_key_value_heads"] * (hidden // heads)
+    q, k, v = tensor.split([hidden, kv_rows, kv_rows])
+    return {"blk.attn_q": q, "blk.attn_k": k, "blk.attn_v": v}
+
+
+TENSOR_PROCESSORS: dict[str, Callable[[str, torch.Tensor, dict[str, Any]], dict[str, torch.Tensor]]] = {
+    "llama": _llama,
+    "mistral": _llama,
+    "gemma": _gemma,
+    "gemma2": _gemma,
+    "gpt2": _gpt2,
+    "bloom": _fused_qkv_per_head,
+    "gptneox": _fused_qkv_per_head,
+    "falcon": _falcon,
+    "phi2": _phi2,
+}
+
+
+# ---------------------------------------------------------------------- tokenizer and conversion
+def load_gguf_tokenizer_files(gguf_path: str | os.PathLike) -> dict[str, str]:
+    """The tokenizer of a GGUF file as the files of an ordinary checkpoint, `{file name: JSON text}`:
+    tokenizer.json (a `tokenizers.Tokenizer`), tokenizer_config.json (special tokens, add_bos_token /
+    add_eos_token, the chat template) and special_tokens_map.json."""
+    _, md = read_gguf(gguf_path)
+    tokenizer, config = gguf_tokenizer(md.fields)
+    config = {key: value for key, value in config.items() if value is not None}
+    specials = {key: value for key, value in config.items() if key.endswith("_token")}
+    config.update(tokenizer_class="PreTrainedTokenizerFast", clean_up_tokenization_spaces=False)
+    return {
+        TOKENIZER_FILE: tokenizer.to_str(pretty=True),
+        TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2, ensure_ascii=False, sort_keys=True) + "\n",
+        SPECIAL_TOKENS_MAP_FILE: json.dumps(specials, indent=2, ensure_ascii=False, sort_keys=True) + "\n",
+    }
+
+
+def save_gguf_tokenizer(gguf_path: str | os.PathLike, save_directory: str | os.PathLike) -> list[str]:
+    """Write `load_gguf_tokenizer_files` into `save_directory`; returns the paths written."""
+    files = load_gguf_tokenizer_files(gguf_path)
+    os.makedirs(save_directory, exist_ok=True)
+    paths = []
+    for name, text in files.items():
+        paths.append(os.path.join(save_directory, name))
+        with open(paths[-1], "w", encoding="utf-8") as f:
+            f.write(text)
+    return paths

@@ -1,0 +1,170 @@
+"""Tiny GGUF files written the way llama.cpp's `convert_hf_to_gguf.py` writes them, from an upstream checkpoint.
+
+Independent of the loader under test: tensor names come from the `gguf` package's own name map (the one llama.cpp's
+converter uses), and each architecture's layout changes are llama.cpp's (Q/K rows permuted for Llama, QKV regrouped
+for Bloom / GPT-NeoX / Falcon, Gemma norms stored as 1 + w, GPT-2's Conv1D weights transposed).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+gguf = __import__("gguf")
+Q = gguf.GGMLQuantizationType
+
+# GGUF architecture -> the gguf package's enum (its name map) and whether the HF names carry a `transformer.` prefix
+# that llama.cpp strips first (Bloom).
+ARCHES = {
+    "llama": gguf.MODEL_ARCH.LLAMA,
+    "qwen2": gguf.MODEL_ARCH.QWEN2,
+    "gemma": gguf.MODEL_ARCH.GEMMA,
+    "gemma2": gguf.MODEL_ARCH.GEMMA2,
+    "gpt2": gguf.MODEL_ARCH.GPT2,
+    "falcon": gguf.MODEL_ARCH.FALCON,
+    "bloom": gguf.MODEL_ARCH.BLOOM,
+    "phi2": gguf.MODEL_ARCH.PHI2,
+    "gptneox": gguf.MODEL_ARCH.GPTNEOX,
+}
+# The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
+# blocks get finite, small scales there.
+K_QUANT_FP16_OFFSETS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def checkpoint_tensors(directory: str) -> dict[str, np.ndarray]:
+    """What llama.cpp reads: the safetensors of a saved upstream checkpoint (tied copies omitted), as float32."""
+    return {k: v.float().numpy() for k, v in load_file(os.path.join(directory, "model.safetensors")).items()}
+
+
+def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's `LlamaModel.permute`: each head's rows (2, half) -> (half, 2)."""
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def _per_head_to_blocks(weights: np.ndarray, heads: int) -> np.ndarray:
+    """Bloom / GPT-NeoX: `[heads, 3, head_dim]` rows -> `[q; k; v]`."""
+    per_head = weights.reshape(heads, 3, -1, *weights.shape[1:])
+    return np.concatenate([per_head[:, i].reshape(-1, *weights.shape[1:]) for i in range(3)])
+
+
+def _falcon_groups_to_blocks(weights: np.ndarray, heads: int, kv_heads: int) -> np.ndarray:
+    """llama.cpp's Falcon: `[kv_heads, heads / kv_heads + 2, head_dim]` rows -> all q, all k, all v."""
+    groups = weights.reshape(kv_heads, heads // kv_heads + 2, -1, weights.shape[-1])
+    q = groups[:, :-2].reshape(-1, weights.shape[-1])
+    return np.concatenate(
+        [q, groups[:, -2].reshape(-1, weights.shape[-1]), groups[:, -1].reshape(-1, weights.shape[-1])]
+    )
+
+
+def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np.ndarray | None:
+    """One checkpoint tensor as llama.cpp's converter stores it (None: dropped)."""
+    if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+        heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+        return _permute(value, heads)
+    if arch in ("gemma", "gemma2"):
+        return None if name == "lm_head.weight" else value + 1 if name.endswith("norm.weight") else value
+    if arch == "gpt2":
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            return None
+        conv = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
+        return value.T.copy() if name.endswith(conv) else value
+    if arch in ("bloom", "gptneox") and "query_key_value" in name:
+        return _per_head_to_blocks(value, config.num_attention_heads)
+    if arch == "falcon" and "query_key_value" in name:
+        kv = config.num_kv_heads if config.new_decoder_architecture else 1
+        return _falcon_groups_to_blocks(value, config.num_attention_heads, kv)
+    return value
+
+
+def gguf_tensors(arch: str, checkpoint_dir: str, config: Any) -> dict[str, np.ndarray]:
+    """`{gguf name: float32 array}` of a saved upstream checkpoint, named by the gguf package's name map."""
+    name_map = gguf.get_tensor_name_map(ARCHES[arch], config.num_hidden_layers)
+    out = {}
+    for name, value in checkpoint_tensors(checkpoint_dir).items():
+        value = llama_cpp_tensor(arch, name, value, config)
+        if value is None:
+            continue
+        hf_name = name.removeprefix("transformer.") if arch == "bloom" else name
+        gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, f"the gguf name map has no name for {name}"
+        out[gguf_name] = value
+    if arch in ("gpt2", "bloom") and "output.weight" not in out:  # llama.cpp writes the tied head out as a copy
+        out["output.weight"] = out["token_embd.weight"]
+    return out
+
+
+def random_blocks(shape: tuple[int, ...], qtype: Any, generator: np.random.Generator) -> np.ndarray:
+    """Random quantized bytes for `shape` (rows, cols) with small finite fp16 scales (K-quants without a
+    quantizer in the gguf package)."""
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = generator.integers(0, 256, (shape[0] * shape[1] // block_size, type_size), dtype=np.uint8)
+    for offset in K_QUANT_FP16_OFFSETS[qtype]:
+        blocks[:, offset : offset + 2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    return blocks.reshape(shape[0], -1)
+
+
+def encode(value: np.ndarray, qtype: Any, generator: np.random.Generator) -> np.ndarray:
+    """A 2D weight stored as `qtype` (a K-quant without quantizer: random blocks of that shape instead)."""
+    if qtype == Q.F32:
+        return value.astype(np.float32)
+    if qtype in K_QUANT_FP16_OFFSETS:
+        return random_blocks(value.shape, qtype, generator)
+    return gguf.quants.quantize(value.astype(np.float32), qtype)
+
+
+def write_gguf(
+    path: str,
+    arch: str,
+    tensors: dict[str, np.ndarray],
+    metadata: dict[str, Any],
+    qtype: Any = Q.F32,
+    tokenizer: dict[str, Any] | None = None,
+    seed: int = 0,
+    raw: dict[str, tuple[np.ndarray, Any]] | None = None,
+) -> None:
+    """Write a GGUF: `metadata` as `{writer method: value}` (`add_block_count`, ...), 2D weights as `qtype` where
+    their rows split into whole blocks (as llama.cpp quantizes), 1D tensors float32; `raw` tensors as the given
+    `(bytes, ggml type)` instead."""
+    generator = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, arch)
+    for method, value in {**metadata, **(tokenizer or {})}.items():
+        getattr(writer, method)(value)
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    for name, value in tensors.items():
+        if name in (raw or {}):
+            writer.add_tensor(name, raw[name][0], raw_dtype=raw[name][1])
+        elif value.ndim == 2 and name.endswith(".weight") and value.shape[1] % block == 0:
+            data = encode(value, qtype, generator)
+            writer.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)
+        else:
+            writer.add_tensor(name, value.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def byte_tokens(vocab_size: int) -> dict[str, Any]:
+    """A placeholder byte-level vocabulary, so a model file states its tokens like a real one."""
+    tokens = ["<|endoftext|>", "a", "b", "ab"] + [f"t{i}" for i in range(4, vocab_size)]
+    return {
+        "add_tokenizer_model": "gpt2",
+        "add_token_list": tokens,
+        "add_token_types": [3] + [1] * (vocab_size - 1),
+        "add_token_merges": ["a b"],
+        "add_bos_token_id": 0,
+        "add_eos_token_id": 0,
+    }
+
+
+def logits(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids).logits.float()

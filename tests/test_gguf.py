@@ -1,0 +1,429 @@
+"""GGUF loading on tiny files written here the way llama.cpp writes them: every supported architecture and ggml
+type loads equal (logits within 1e-5) to upstream's GGUF loading of the same file where upstream can load it, and
+to the same weights loaded from safetensors; bad files are refused clearly; conversion is atomic."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import unittest
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from parameterized import parameterized
+
+from transformers_static import AutoModelForCausalLM, MistralForCausalLM
+from transformers_static.bench.presets import convert_gguf_to_checkpoint
+from transformers_static.modeling_gguf_pytorch_utils import (
+    load_gguf_checkpoint,
+    load_gguf_config_dict,
+    load_gguf_tokenizer_files,
+)
+
+from .gguf_testing_utils import Q, byte_tokens, gguf, gguf_tensors, logits, write_gguf
+
+ATOL = 1e-5
+VOCAB = 99
+
+
+def _llama_metadata(c: Any) -> dict[str, Any]:
+    return {
+        "add_context_length": c.max_position_embeddings,
+        "add_embedding_length": c.hidden_size,
+        "add_block_count": c.num_hidden_layers,
+        "add_feed_forward_length": c.intermediate_size,
+        "add_head_count": c.num_attention_heads,
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_layer_norm_rms_eps": c.rms_norm_eps,
+        "add_rope_freq_base": c.rope_parameters["rope_theta"],
+        "add_rope_dimension_count": c.hidden_size // c.num_attention_heads,
+        "add_vocab_size": c.vocab_size,
+    }
+
+
+def _gemma_metadata(c: Any) -> dict[str, Any]:
+    metadata = {**_llama_metadata(c), "add_key_length": c.head_dim, "add_value_length": c.head_dim}
+    del metadata["add_rope_dimension_count"], metadata["add_rope_freq_base"], metadata["add_vocab_size"]
+    return metadata
+
+
+def _gemma2_metadata(c: Any) -> dict[str, Any]:
+    return {
+        **_gemma_metadata(c),
+        "add_attn_logit_softcapping": c.attn_logit_softcapping,
+        "add_final_logit_softcapping": c.final_logit_softcapping,
+        "add_sliding_window": c.sliding_window,
+    }
+
+
+def _layer_norm_metadata(c: Any, ffn: int, context: int) -> dict[str, Any]:
+    return {
+        "add_context_length": context,
+        "add_embedding_length": c.hidden_size,
+        "add_block_count": c.num_hidden_layers,
+        "add_feed_forward_length": ffn,
+        "add_head_count": c.num_attention_heads,
+        "add_layer_norm_eps": getattr(c, "layer_norm_eps", None) or c.layer_norm_epsilon,
+    }
+
+
+def _falcon_metadata(c: Any) -> dict[str, Any]:
+    kv_heads = c.num_kv_heads if c.new_decoder_architecture else 1
+    return {**_layer_norm_metadata(c, 4 * c.hidden_size, 2048), "add_head_count_kv": kv_heads}
+
+
+def _rotary_dims(c: Any) -> int:
+    head_dim = c.hidden_size // c.num_attention_heads
+    return int(head_dim * c.rope_parameters["partial_rotary_factor"])
+
+
+# name -> (GGUF architecture, upstream class, upstream config kwargs, metadata, whether upstream loads the GGUF)
+LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
+    "llama": ("llama", transformers.LlamaForCausalLM, LLAMA, _llama_metadata, True),
+    "llama_tied": (
+        "llama",
+        transformers.LlamaForCausalLM,
+        {**LLAMA, "tie_word_embeddings": True},
+        _llama_metadata,
+        True,
+    ),
+    "llama_linear_rope": (
+        "llama",
+        transformers.LlamaForCausalLM,
+        {**LLAMA, "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}},
+        lambda c: {
+            **_llama_metadata(c),
+            "add_rope_scaling_type": gguf.RopeScalingType.LINEAR,
+            "add_rope_scaling_factor": c.rope_parameters["factor"],
+        },
+        False,  # upstream drops the file's rope scaling
+    ),
+    "qwen2": ("qwen2", transformers.Qwen2ForCausalLM, LLAMA, _llama_metadata, True),
+    "gemma": (
+        "gemma",
+        transformers.GemmaForCausalLM,
+        {**LLAMA, "num_key_value_heads": 1, "head_dim": 32},
+        _gemma_metadata,
+        False,  # upstream refuses GGUF Gemma (Gemma-2's layout)
+    ),
+    "gemma2": (
+        "gemma2",
+        transformers.Gemma2ForCausalLM,
+        # head_dim 256: upstream takes query_pre_attn_scalar from its default (256), llama.cpp from the head dim
+        dict(LLAMA, num_attention_heads=2, num_key_value_heads=1, head_dim=256, sliding_window=4),
+        _gemma2_metadata,
+        True,
+    ),
+    "gemma2_small_heads": (
+        "gemma2",
+        transformers.Gemma2ForCausalLM,
+        dict(LLAMA, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=4),
+        _gemma2_metadata,
+        False,  # upstream would scale queries by 256 ** -0.5, llama.cpp by head_dim ** -0.5
+    ),
+    "gpt2": (
+        "gpt2",
+        transformers.GPT2LMHeadModel,
+        dict(n_embd=32, n_layer=2, n_head=4, n_positions=1024),  # upstream reads no context length: 1024
+        lambda c: {**_layer_norm_metadata(c, 4 * c.n_embd, c.n_positions)},
+        True,
+    ),
+    "falcon_7b_layout": (
+        "falcon",
+        transformers.FalconForCausalLM,
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True, parallel_attn=True),
+        _falcon_metadata,
+        True,
+    ),
+    "falcon_40b_layout": (
+        "falcon",
+        transformers.FalconForCausalLM,
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            new_decoder_architecture=True,
+            tie_word_embeddings=False,
+        ),
+        _falcon_metadata,
+        False,  # upstream fails to load this layout (its QKV regrouping is not undone there)
+    ),
+    "bloom": (
+        "bloom",
+        transformers.BloomForCausalLM,
+        dict(hidden_size=32, n_layer=2, n_head=4),
+        lambda c: {**_layer_norm_metadata(c, 4 * c.hidden_size, 2048), "add_head_count_kv": c.n_head},
+        True,
+    ),
+    "phi2": (
+        "phi2",
+        transformers.PhiForCausalLM,
+        dict(LLAMA, num_key_value_heads=4, partial_rotary_factor=0.5),
+        lambda c: {
+            **_layer_norm_metadata(c, c.intermediate_size, c.max_position_embeddings),
+            "add_head_count_kv": c.num_key_value_heads,
+            "add_rope_dimension_count": _rotary_dims(c),
+        },
+        False,  # upstream refuses GGUF Phi-2
+    ),
+    "gptneox": (
+        "gptneox",
+        transformers.GPTNeoXForCausalLM,
+        dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, rotary_pct=0.25),
+        lambda c: {
+            **_layer_norm_metadata(c, c.intermediate_size, c.max_position_embeddings),
+            "add_rope_dimension_count": _rotary_dims(c),
+            "add_parallel_residual": c.use_parallel_residual,
+        },
+        False,  # upstream refuses GGUF GPT-NeoX
+    ),
+}
+
+
+def noisy_upstream(model_class: type, config_kwargs: dict[str, Any], seed: int = 0) -> Any:
+    """A tiny upstream model whose every weight is perturbed (norms and biases included)."""
+    torch.manual_seed(seed)
+    config_class = model_class.config_class
+    model = model_class(config_class(vocab_size=VOCAB, **config_kwargs)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def input_ids(batch: int = 2, length: int = 11) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+class TmpDirTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.tmp, *parts)
+
+    def write_model_gguf(
+        self, case: str, qtype: Any = Q.F32, general_name: str | None = None, config_kwargs: dict | None = None
+    ) -> Any:
+        """Save the case's upstream model to `hf/` and its llama.cpp conversion to `gguf/model.gguf`."""
+        arch, model_class, kwargs, metadata, _ = CASES[case]
+        upstream = noisy_upstream(model_class, config_kwargs or kwargs)
+        upstream.save_pretrained(self.path("hf"))
+        tensors = gguf_tensors(arch, self.path("hf"), upstream.config)
+        os.makedirs(self.path("gguf"), exist_ok=True)
+        extra = {"add_name": general_name} if general_name else {}
+        write_gguf(
+            self.path("gguf", "model.gguf"),
+            arch,
+            tensors,
+            {**extra, **metadata(upstream.config)},
+            qtype,
+            byte_tokens(VOCAB),
+        )
+        return upstream
+
+
+class GGUFArchitectureTest(TmpDirTestCase):
+    @parameterized.expand(sorted(CASES))
+    def test_logits_match_upstream_and_safetensors(self, case: str) -> None:
+        upstream = self.write_model_gguf(case)
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        self.assertEqual(ours.config.model_type, upstream.config.model_type)
+        ids = input_ids()
+        expected = logits(upstream, ids)
+        torch.testing.assert_close(logits(ours, ids), expected, atol=ATOL, rtol=0)
+        if CASES[case][4]:
+            theirs = transformers.AutoModelForCausalLM.from_pretrained(
+                self.path("gguf"), gguf_file="model.gguf", dtype=torch.float32
+            ).eval()
+            torch.testing.assert_close(logits(ours, ids), logits(theirs, ids), atol=ATOL, rtol=0)
+
+    def test_llama_file_named_mistral_loads_as_mistral(self) -> None:
+        """llama.cpp converts Mistral to the llama architecture; upstream then fails mapping its tensors."""
+        config_kwargs = {**LLAMA, "sliding_window": None}
+        upstream = noisy_upstream(transformers.MistralForCausalLM, config_kwargs)
+        upstream.save_pretrained(self.path("hf"))
+        os.makedirs(self.path("gguf"))
+        metadata = {"add_name": "mistral", **_llama_metadata(upstream.config)}
+        write_gguf(
+            self.path("gguf", "model.gguf"), "llama", gguf_tensors("llama", self.path("hf"), upstream.config), metadata
+        )
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        self.assertIsInstance(ours, MistralForCausalLM)
+        self.assertIsNone(ours.config.sliding_window)  # the file states none and llama.cpp applies none
+        ids = input_ids()
+        torch.testing.assert_close(logits(ours, ids), logits(upstream, ids), atol=ATOL, rtol=0)
+
+    def test_gemma2_query_scale_follows_llama_cpp(self) -> None:
+        """1/sqrt(head_dim), except for the 46-layer 27B model: 1/sqrt(hidden_size / heads) (llama.cpp's rule)."""
+        os.makedirs(self.path("gguf"))
+        metadata = {
+            "add_context_length": 8192,
+            "add_embedding_length": 4608,
+            "add_feed_forward_length": 36864,
+            "add_head_count": 32,
+            "add_head_count_kv": 16,
+            "add_layer_norm_rms_eps": 1e-6,
+            "add_key_length": 128,
+            "add_value_length": 128,
+            "add_sliding_window": 4096,
+        }
+        for layers, scalar in ((46, 144), (42, 128)):
+            path = self.path("gguf", f"{layers}.gguf")
+            embeddings = {"token_embd.weight": np.zeros((VOCAB, 32), dtype=np.float32)}
+            write_gguf(path, "gemma2", embeddings, {**metadata, "add_block_count": layers})
+            self.assertEqual(load_gguf_config_dict(path)["query_pre_attn_scalar"], scalar)
+
+    def test_phi2_with_fused_qkv(self) -> None:
+        """Phi-2 files converted from the original checkpoint hold one `attn_qkv` (`[q; k; v]` rows) per block."""
+        upstream = self.write_model_gguf("phi2")
+        tensors = gguf_tensors("phi2", self.path("hf"), upstream.config)
+        for block in range(upstream.config.num_hidden_layers):
+            for suffix in ("weight", "bias"):
+                parts = [tensors.pop(f"blk.{block}.attn_{part}.{suffix}") for part in "qkv"]
+                tensors[f"blk.{block}.attn_qkv.{suffix}"] = np.concatenate(parts)
+        metadata = CASES["phi2"][3](upstream.config)
+        write_gguf(self.path("gguf", "model.gguf"), "phi2", tensors, metadata, tokenizer=byte_tokens(VOCAB))
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        ids = input_ids()
+        torch.testing.assert_close(logits(ours, ids), logits(upstream, ids), atol=ATOL, rtol=0)
+
+    def test_save_pretrained_writes_an_ordinary_checkpoint(self) -> None:
+        self.write_model_gguf("llama", Q.Q4_0)
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        ours.save_pretrained(self.path("saved"))
+        self.assertIn("model.safetensors", os.listdir(self.path("saved")))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(self.path("saved")).eval()
+        reloaded = AutoModelForCausalLM.from_pretrained(self.path("saved"))
+        ids = input_ids()
+        torch.testing.assert_close(logits(theirs, ids), logits(ours, ids), atol=ATOL, rtol=0)
+        torch.testing.assert_close(logits(reloaded, ids), logits(ours, ids), atol=0, rtol=0)
+
+
+# ggml types: quantized 2D weights (K-quants: random blocks, as the gguf package has no quantizer for them)
+QUANT_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+# 256 input features: whole K-quant blocks of 256 in every row
+WIDE_LLAMA = dict(
+    hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
+
+
+class GGUFQuantizationTest(TmpDirTestCase):
+    @parameterized.expand(QUANT_TYPES)
+    def test_dequantized_logits_match_upstream(self, qtype: str) -> None:
+        self.write_model_gguf("llama", Q[qtype], config_kwargs=WIDE_LLAMA)
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf", dtype="float32")
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(
+            self.path("gguf"), gguf_file="model.gguf", dtype=torch.float32
+        ).eval()
+        ids = input_ids()
+        torch.testing.assert_close(logits(ours, ids), logits(theirs, ids), atol=ATOL, rtol=0)
+
+    def test_dtype_is_honoured(self) -> None:
+        self.write_model_gguf("llama", Q.Q4_1, config_kwargs=WIDE_LLAMA)
+        path = self.path("gguf", "model.gguf")
+        config, full = load_gguf_checkpoint(path, torch.float32)
+        self.assertEqual(config["dtype"], "float32")  # quantized: float32 unless asked
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf", dtype="bfloat16")
+        self.assertEqual(ours.dtype, torch.bfloat16)
+        for name, tensor in ours.state_dict().items():
+            torch.testing.assert_close(tensor, full[name].to(torch.bfloat16), atol=0, rtol=0)
+
+    def test_float16_file_loads_as_float16_by_default(self) -> None:
+        self.write_model_gguf("llama", Q.F16)
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        self.assertEqual(ours.dtype, torch.float16)
+
+
+class GGUFErrorTest(TmpDirTestCase):
+    def write(self, arch: str, tensors: dict[str, Any], metadata: dict[str, Any], raw: dict | None = None) -> str:
+        os.makedirs(self.path("gguf"), exist_ok=True)
+        write_gguf(self.path("gguf", "model.gguf"), arch, tensors, metadata, tokenizer=byte_tokens(VOCAB), raw=raw)
+        return self.path("gguf", "model.gguf")
+
+    def test_unknown_architecture_is_named(self) -> None:
+        self.write("mamba", {"token_embd.weight": torch.zeros(VOCAB, 32).numpy()}, {"add_block_count": 1})
+        with self.assertRaisesRegex(ValueError, "GGUF architecture 'mamba' is not supported; supported .*llama"):
+            AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+
+    def test_unsupported_ggml_type_is_named_before_loading(self) -> None:
+        upstream = self.write_model_gguf("llama", config_kwargs=WIDE_LLAMA)
+        tensors = gguf_tensors("llama", self.path("hf"), upstream.config)
+        q8_k = np.zeros((256, gguf.GGML_QUANT_SIZES[Q.Q8_K][1]), dtype=np.uint8)  # 256 rows of one 256-block
+        path = self.write(
+            "llama", tensors, _llama_metadata(upstream.config), raw={"blk.0.ffn_up.weight": (q8_k, Q.Q8_K)}
+        )
+        with self.assertRaisesRegex(ValueError, r"blk\.0\.ffn_up\.weight.*Q8_K.*dequantizes .*Q4_K"):
+            load_gguf_checkpoint(path)
+        with self.assertRaisesRegex(ValueError, "Q8_K"):
+            AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+
+    def test_unknown_tensor_is_named(self) -> None:
+        upstream = self.write_model_gguf("llama")
+        tensors = gguf_tensors("llama", self.path("hf"), upstream.config)
+        tensors["rope_freqs.weight"] = torch.ones(8).numpy()  # Llama 3.1 rope scaling factors: not supported
+        self.write("llama", tensors, _llama_metadata(upstream.config))
+        with self.assertRaisesRegex(ValueError, r"rope_freqs\.weight.*no place in a llama model.*Llama 3\.1"):
+            AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+
+    def test_missing_metadata_key_is_named(self) -> None:
+        upstream = self.write_model_gguf("llama")
+        metadata = _llama_metadata(upstream.config)
+        del metadata["add_block_count"]
+        self.write("llama", gguf_tensors("llama", self.path("hf"), upstream.config), metadata)
+        with self.assertRaisesRegex(ValueError, "lacks 'llama.block_count'"):
+            AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+
+    def test_missing_or_corrupt_file(self) -> None:
+        os.makedirs(self.path("gguf"))
+        with self.assertRaisesRegex(OSError, "not found"):
+            AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="absent.gguf")
+        with open(self.path("gguf", "bad.gguf"), "wb") as f:
+            f.write(b"not a gguf file at all")
+        with self.assertRaisesRegex(OSError, "not a readable GGUF file"):
+            AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="bad.gguf")
+
+
+class GGUFConversionTest(TmpDirTestCase):
+    def test_conversion_writes_a_complete_checkpoint_atomically(self) -> None:
+        self.write_model_gguf("llama", Q.Q8_0)
+        out = self.path("cache", "tiny")
+        self.assertEqual(convert_gguf_to_checkpoint(self.path("gguf", "model.gguf"), out, "float32"), out)
+        self.assertEqual(os.listdir(self.path("cache")), ["tiny"])  # no temporary directory left behind
+        files = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"}
+        self.assertLessEqual(files | {"tokenizer_config.json", "special_tokens_map.json"}, set(os.listdir(out)))
+        with open(os.path.join(out, "generation_config.json")) as f:
+            self.assertEqual(json.load(f)["eos_token_id"], 0)
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+        ids = input_ids()
+        torch.testing.assert_close(logits(theirs, ids), logits(ours, ids), atol=ATOL, rtol=0)
+        with self.assertRaises(FileExistsError):
+            convert_gguf_to_checkpoint(self.path("gguf", "model.gguf"), out)
+
+    def test_failed_conversion_leaves_nothing(self) -> None:
+        upstream = self.write_model_gguf("llama")
+        tensors = gguf_tensors("llama", self.path("hf"), upstream.config)
+        del tensors["blk.1.ffn_down.weight"]
+        write_gguf(self.path("gguf", "model.gguf"), "llama", tensors, _llama_metadata(upstream.config))
+        os.makedirs(self.path("cache"))
+        with self.assertRaisesRegex(ValueError, "missing"):
+            convert_gguf_to_checkpoint(self.path("gguf", "model.gguf"), self.path("cache", "tiny"))
+        self.assertEqual(os.listdir(self.path("cache")), [])
+
+    def test_tokenizer_files_need_a_tokenizer(self) -> None:
+        os.makedirs(self.path("gguf"))
+        write_gguf(self.path("gguf", "model.gguf"), "llama", {}, {"add_block_count": 1})
+        with self.assertRaisesRegex(ValueError, "no tokenizer.ggml.tokens"):
+            load_gguf_tokenizer_files(self.path("gguf", "model.gguf"))
+
+
+if __name__ == "__main__":
+    unittest.main()
