@@ -152,6 +152,22 @@ def write_gguf(
     writer.close()
 
 
+def llama_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp metadata of a Llama config, as `{GGUFWriter method: value}`."""
+    return {
+        "add_context_length": c.max_position_embeddings,
+        "add_embedding_length": c.hidden_size,
+        "add_block_count": c.num_hidden_layers,
+        "add_feed_forward_length": c.intermediate_size,
+        "add_head_count": c.num_attention_heads,
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_layer_norm_rms_eps": c.rms_norm_eps,
+        "add_rope_freq_base": c.rope_parameters["rope_theta"],
+        "add_rope_dimension_count": c.hidden_size // c.num_attention_heads,
+        "add_vocab_size": c.vocab_size,
+    }
+
+
 def byte_tokens(vocab_size: int) -> dict[str, Any]:
     """A placeholder byte-level vocabulary, so a model file states its tokens like a real one."""
     tokens = ["<|endoftext|>", "a", "b", "ab"] + [f"t{i}" for i in range(4, vocab_size)]

