@@ -38,6 +38,8 @@ class PreTrainedModel(nn.Module):
     base_model_prefix: ClassVar[str] = "model"
     # {tied parameter: the parameter it shares}, in this class's own key names.
     _tied_weights_keys: ClassVar[dict[str, str]] = {}
+    # Tensor parallelism of the head ({module: style}); the base model's plan is the config's `base_model_tp_plan`.
+    _tp_plan: ClassVar[dict[str, str]] = {}
     # Checkpoint keys dropped silently (buffers older upstream versions saved).
     _keys_to_ignore_on_load_unexpected: ClassVar[list[str]] = []
     # Length of a position table (GPT-2, OPT, GPT-J): positions must stay below it. None: no table (RoPE, ALiBi).
@@ -97,6 +99,7 @@ class PreTrainedModel(nn.Module):
         device_map: DeviceMap = None,
         low_cpu_mem_usage: bool | None = None,
         trust_remote_code: bool | None = None,
+        tp_plan: str | None = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
         """Load a checkpoint directory: config.json and model.safetensors (or its sharded index, or a
@@ -107,6 +110,8 @@ class PreTrainedModel(nn.Module):
         keyword overrides (`num_hidden_layers=2`). The model is built with parameters on the meta device and takes
         the checkpoint's tensors directly (no random initialisation, no second copy), so `low_cpu_mem_usage` is
         always on. `trust_remote_code` is never needed for the architectures here and is ignored with a warning.
+        `tp_plan="auto"` inside a torchrun launch splits the model over the ranks by its plan, each rank reading only
+        its slices (integrations/tensor_parallel.py, docs/TENSOR_PARALLEL.md).
         """
         _refuse_unsupported(kwargs)
         path = os.fspath(pretrained_model_name_or_path)
@@ -117,11 +122,20 @@ class PreTrainedModel(nn.Module):
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
         target_dtype = resolve_dtype(dtype if dtype is not None else torch_dtype) or config.dtype or torch.float32
-        device = resolve_device_map(device_map)
-        state_dict = load_state_dict(path)
+        if tp_plan is not None:
+            from .integrations.tensor_parallel import init_tensor_parallel, load_tensor_parallel
+
+            tp = init_tensor_parallel(tp_plan, device_map)
+            device = tp.device
+        else:
+            device = resolve_device_map(device_map)
+            state_dict = load_state_dict(path)
         with _default_dtype(target_dtype), _parameters_on_meta():
             model = cls(config)
-        model.load_checkpoint_state_dict(state_dict, device=device)
+        if tp_plan is not None:
+            load_tensor_parallel(model, path, tp)
+        else:
+            model.load_checkpoint_state_dict(state_dict, device=device)
         model.load_pretrained_extras(path)
         return model.to(device).eval()
 
@@ -183,6 +197,8 @@ class PreTrainedModel(nn.Module):
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, save_directory: str | os.PathLike, *, max_shard_size: int | str = "5GB") -> None:
         """Write config.json and safetensors weights (sharded with an index past `max_shard_size`)."""
+        if self.config._tp_size > 1:
+            raise NotImplementedError("save_pretrained of a tensor-parallel model: each rank holds only its shard")
         os.makedirs(save_directory, exist_ok=True)
         self.config.architectures = [type(self).__name__]
         self.config.dtype = self.dtype
@@ -211,6 +227,9 @@ UNSUPPORTED_FROM_PRETRAINED = {
     "variant": "checkpoint variants are not supported",
     "use_safetensors": "safetensors is always preferred; pickles load only with weights_only=True",
     "weights_only": "pickles always load with weights_only=True",
+    "tp_size": 'the tensor-parallel size is the launch\'s WORLD_SIZE: pass tp_plan="auto" under torchrun',
+    "device_mesh": 'tensor parallelism uses the default process group: pass tp_plan="auto" under torchrun',
+    "distributed_config": 'pass tp_plan="auto" under torchrun (tensor parallelism only)',
 }
 
 
@@ -342,12 +361,17 @@ def _read_bin(file: str) -> dict[str, torch.Tensor]:
         raise OSError(f"Could not read {file!r} with torch.load(weights_only=True): {err}") from err
 
 
-def _read_sharded(path: str, index_path: str, reader: Any) -> dict[str, torch.Tensor]:
+def read_weight_map(index_path: str) -> dict[str, str]:
+    """{weight name: shard file name} of a sharded checkpoint's index."""
     try:
         with open(index_path, encoding="utf-8") as f:
-            weight_map: dict[str, str] = json.load(f)["weight_map"]
+            return json.load(f)["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise OSError(f"{index_path!r} is not a valid index (expected a JSON object with 'weight_map')") from err
+
+
+def _read_sharded(path: str, index_path: str, reader: Any) -> dict[str, torch.Tensor]:
+    weight_map = read_weight_map(index_path)
     state_dict: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
         shard_path = os.path.join(path, shard)

@@ -1,0 +1,1 @@
+"""Integrations with other engines: tensor parallelism over torch.distributed (`tensor_parallel`)."""
