@@ -2,11 +2,15 @@
 
 transformers-static generate [MODEL_DIR | --preset NAME] (--prompt TEXT | --input-ids 1,2,3) [--max-new-tokens N]
                              [--compile] [--sample --temperature T --top-k K --top-p P --seed S] [--dtype D]
+
+Under `torchrun --nproc-per-node N -m transformers_static generate ...` the model is split over the N ranks
+(`tp_plan="auto"`); every rank generates the same tokens and only rank 0 prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import sys
 import time
@@ -48,6 +52,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench.measure import graphs_compiled
     from ..generation import GenerationConfig
+    from ..integrations.tensor_parallel import in_distributed_launch
     from ..models.auto import AutoConfig, AutoModelForCausalLM
 
     path = _checkpoint_dir(args)
@@ -55,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
     input_ids, tokenizer = _prompt_ids(args, path, vocab_size)  # checked before the (slow) weight load
     sampling = _sampling_options(args, GenerationConfig)
     device = parse_device(args)
-    model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(args), device_map=device))
-    streamer = PrintStreamer(tokenizer)
+    tp_plan = "auto" if in_distributed_launch() else None  # torchrun: split the model over the ranks
+    options = dict(dtype=parse_dtype(args), device_map=str(device), tp_plan=tp_plan)
+    model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, **options))
+    printing = tp_plan is None or torch.distributed.get_rank() == 0
+    streamer = PrintStreamer(tokenizer, stream=None if printing else io.StringIO())  # other ranks: kept, not shown
     generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.sample else None
     graphs = graphs_compiled()
     start = time.perf_counter()
@@ -69,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
         **sampling,
     )
     elapsed = time.perf_counter() - start
-    print(_generate_summary(streamer, elapsed, graphs_compiled() - graphs, args.compile), file=sys.stderr)
+    if printing:
+        print(_generate_summary(streamer, elapsed, graphs_compiled() - graphs, args.compile), file=sys.stderr)
+    if tp_plan is not None:
+        torch.distributed.destroy_process_group()
     return 0
 
 

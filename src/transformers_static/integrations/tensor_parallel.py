@@ -69,6 +69,11 @@ class Shard(NamedTuple):
 
 
 # ---------------------------------------------------------------------- the process group
+def in_distributed_launch() -> bool:
+    """Whether torchrun (or a launcher like it) started this process: its variables are all set."""
+    return all(name in os.environ for name in LAUNCH_VARIABLES)
+
+
 def init_tensor_parallel(tp_plan: str, device_map: Any) -> TensorParallel:
     """Join the default process group, forming it from torchrun's environment when it does not exist yet: NCCL
     with each rank on `cuda:LOCAL_RANK`, or gloo on the CPU (`device_map="cpu"`, or no GPU)."""
@@ -103,6 +108,9 @@ def _init_process_group(backend: str) -> None:
             "tp_plan needs a distributed launch (torchrun --nproc-per-node N ...) or an initialised "
             f"torch.distributed process group: {', '.join(missing)} not set in the environment"
         )
+    rank, world_size = os.environ["RANK"], os.environ["WORLD_SIZE"]
+    if not (rank.isdigit() and world_size.isdigit() and int(rank) < int(world_size)):
+        raise ValueError(f"RANK ({rank}) and WORLD_SIZE ({world_size}) must be integers with 0 <= RANK < WORLD_SIZE")
     try:
         dist.init_process_group(backend)
     except Exception as err:  # torch raises several types (timeouts, refused connections, bad variables)
@@ -192,7 +200,9 @@ def _colwise_qkv_blocks(module: nn.Module, config: PretrainedConfig, tp: TensorP
     _check_width(module, (heads + 2 * kv_heads) * head_dim, "[q | k | v] blocks")
     q, kv = config.tp_heads(heads), config.tp_heads(kv_heads)
     k_start, v_start = heads * head_dim, (heads + kv_heads) * head_dim
-    return Split(out=_head_spans(q, head_dim) + _head_spans(kv, head_dim, k_start) + _head_spans(kv, head_dim, v_start))
+    return Split(
+        out=_head_spans(q, head_dim) + _head_spans(kv, head_dim, k_start) + _head_spans(kv, head_dim, v_start)
+    )
 
 
 def _colwise_qkv_groups(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
@@ -349,10 +359,11 @@ def _checkpoint_files(path: str) -> dict[str, str]:
 
 
 def _read_slices(view: Any, shard: Shard) -> torch.Tensor:
-    """Read only `shard`'s spans of a safetensors slice."""
+    """Read only `shard`'s spans of a safetensors slice, into memory of their own (a slice is a view of the file's
+    mapping, which a strided column slice would keep resident whole)."""
     before = (slice(None),) * shard.dim
     parts = [view[(*before, slice(start, stop))] for start, stop in shard.spans]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=shard.dim)
+    return torch.cat(parts, dim=shard.dim) if len(parts) > 1 else parts[0].clone(memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------------- collectives
