@@ -8,6 +8,7 @@ calls on the same inputs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -65,6 +66,7 @@ def compare(spec: dict) -> dict:
     call = dict(attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=None)
     result = {
         "max_abs_diff": float((logits - expected)[mask.bool()].abs().max()),
+        "logits_digest": hashlib.sha256(logits.numpy().tobytes()).hexdigest(),
         "tokens": split.generate(ids, **call).tolist(),
         "single_tokens": single.generate(ids, **call).tolist(),
         "dynamic_tokens": split.generate(ids, cache_implementation="dynamic", **call).tolist(),

@@ -28,11 +28,12 @@ import torch
 import torch.multiprocessing as mp
 import transformers
 from parameterized import parameterized
+from torch import nn
 
 from tests.tensor_parallel_worker import run_rank
-from transformers_static import AutoConfig, AutoModelForCausalLM
+from transformers_static import AutoConfig, AutoModelForCausalLM, FalconConfig, LlamaConfig
 from transformers_static.commands import main
-from transformers_static.integrations.tensor_parallel import LAUNCH_VARIABLES
+from transformers_static.integrations.tensor_parallel import LAUNCH_VARIABLES, SPLITS, TensorParallel
 
 WORLD_SIZE = 2
 TIMEOUT_S = 900  # the whole run of both workers; it takes about 2 minutes on 2 busy cores
@@ -359,9 +360,11 @@ class TensorParallelTest(unittest.TestCase):
         return results
 
     @parameterized.expand(CHECKPOINTS)
-    def test_logits_match_one_process(self, name: str) -> None:
-        for result in self.results(name):
+    def test_logits_match_one_process_and_are_identical_on_every_rank(self, name: str) -> None:
+        results = self.results(name)
+        for result in results:
             self.assertLessEqual(result["max_abs_diff"], ATOL)
+        self.assertEqual(len({result["logits_digest"] for result in results}), 1, "ranks' logits differ bitwise")
 
     @parameterized.expand(CHECKPOINTS)
     def test_greedy_tokens_equal_one_process_on_every_rank(self, name: str) -> None:
@@ -420,8 +423,9 @@ class TensorParallelTest(unittest.TestCase):
             self.assertRegex(rank["refusals"]["save"], r"NotImplementedError: save_pretrained of a tensor-parallel")
 
 
-class TensorParallelRefusalTest(unittest.TestCase):
-    """What is refused before any process group is needed (in this process)."""
+class TensorParallelInProcessTest(unittest.TestCase):
+    """What needs no second process: the head rule and the fused splits for 4 ranks, and what is refused before
+    a process group is needed."""
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -433,6 +437,44 @@ class TensorParallelRefusalTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls) -> None:
         shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+    def test_heads_of_each_rank(self) -> None:
+        """Query heads split evenly; key/value heads split, or each rank takes the one its queries read."""
+        config = LlamaConfig()
+        expected = {
+            (8, 4): [range(0, 2), range(2, 4), range(4, 6), range(6, 8)],
+            (2, 4): [range(0, 1), range(0, 1), range(1, 2), range(1, 2)],
+            (1, 4): [range(0, 1)] * 4,
+            (4, 1): [range(0, 4)],
+        }
+        for (heads, world_size), ranges in expected.items():
+            config._tp_size = world_size
+            for rank, heads_here in enumerate(ranges):
+                config._tp_rank = rank
+                self.assertEqual(config.tp_heads(heads), heads_here, f"{heads} heads, rank {rank} of {world_size}")
+
+    def test_grouped_qkv_split_on_four_ranks(self) -> None:
+        """Falcon's fused rows `[kv_heads, q_per_kv + 2, head_dim]`, 8 query heads on 4 ranks: each rank takes its two
+        query heads and the key and value of their group (shared by two ranks with 2 groups, by all with 1)."""
+        for kv_heads in (1, 2, 4):
+            config = FalconConfig(
+                hidden_size=16, num_attention_heads=8, num_kv_heads=kv_heads, new_decoder_architecture=True
+            )
+            q_per_kv = 8 // kv_heads
+            labels = [  # what each head_dim-row block of the fused weight holds
+                name
+                for g in range(kv_heads)
+                for name in [*(f"q{g * q_per_kv + i}" for i in range(q_per_kv)), f"k{g}", f"v{g}"]
+            ]
+            layer = nn.Linear(16, len(labels) * config.head_dim)
+            config._tp_size = 4
+            for rank in range(4):
+                config._tp_rank = rank
+                split = SPLITS["colwise_qkv_groups"](layer, config, TensorParallel(rank, 4, torch.device("cpu"), None))
+                held = [labels[row // config.head_dim] for start, stop in split.out for row in range(start, stop)]
+                group = rank * kv_heads // 4
+                expected = [f"q{2 * rank}", f"q{2 * rank + 1}", f"k{group}", f"v{group}"]
+                self.assertEqual(held[:: config.head_dim], expected, f"{kv_heads} kv heads, rank {rank}")
 
     def test_outside_a_distributed_launch(self) -> None:
         environment = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}

@@ -91,6 +91,8 @@ def init_tensor_parallel(tp_plan: str, device_map: Any) -> TensorParallel:
 
 
 def _device_type(device_map: Any) -> str:
+    if isinstance(device_map, torch.device) and device_map.index is None:
+        device_map = device_map.type
     if device_map in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device_map == "cpu" or (device_map == "cuda" and torch.cuda.is_available()):
@@ -323,7 +325,7 @@ def _read_shards(model: PreTrainedModel, path: str, shards: dict[str, Shard]) ->
     """This rank's checkpoint tensors: slices of the split weights, replicated weights whole, and unexpected keys as
     meta placeholders of their shape (named by the loader's warning, never read). Tied copies are skipped."""
     files = _checkpoint_files(path)  # {checkpoint key: file}
-    names = model._match_prefix(dict(zip(files, files, strict=True)))  # {model key: checkpoint key}
+    names = model._match_prefix({key: key for key in files})  # {model key: checkpoint key}
     expected = model.state_dict().keys()
     tied = set(model._tied_weights_keys) if model.config.tie_word_embeddings else set()
     state = {}
