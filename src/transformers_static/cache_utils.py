@@ -140,8 +140,14 @@ class StaticCache(Cache):
 
 
 def cache_shape(config: PretrainedConfig) -> tuple[int, int, int]:
-    """(num_layers, kv_heads, head_dim) of a model config, in upstream's field names."""
+    """(num_layers, kv_heads, head_dim) of a model config's cache; under tensor parallelism, this rank's kv heads."""
+    _, kv_heads, head_dim = attention_shape(config)
+    return config.num_hidden_layers, len(config.tp_heads(kv_heads)), head_dim
+
+
+def attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
+    """(heads, kv_heads, head_dim) of every attention layer of a model config, in upstream's field names."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return config.num_hidden_layers, kv_heads, head_dim
+    return heads, kv_heads, head_dim

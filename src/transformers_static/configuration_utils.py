@@ -42,6 +42,12 @@ class PretrainedConfig:
 
     model_type: ClassVar[str] = ""
     attribute_map: ClassVar[dict[str, str]] = {}
+    # Tensor parallelism (integrations/tensor_parallel.py): each architecture's plan, {module of the base model:
+    # style}; and this process's rank of `_tp_size`, set on the config of a model loaded with `tp_plan` (private:
+    # never written to config.json).
+    base_model_tp_plan: ClassVar[dict[str, str] | None] = None
+    _tp_rank: int = 0
+    _tp_size: int = 1
 
     def __init__(
         self,
@@ -78,6 +84,16 @@ class PretrainedConfig:
         if key in attribute_map:
             return getattr(self, attribute_map[key])
         raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
+
+    def tp_heads(self, num_heads: int) -> range:
+        """The heads (of `num_heads`) this process computes: all of them in one process; under tensor parallelism its
+        contiguous `num_heads / tp_size` share, or, with fewer heads than ranks (key/value heads), the one head its
+        query heads read, replicated on `tp_size / num_heads` ranks. Divisibility is checked when the model loads."""
+        if num_heads >= self._tp_size:
+            share = num_heads // self._tp_size
+            return range(self._tp_rank * share, (self._tp_rank + 1) * share)
+        head = self._tp_rank * num_heads // self._tp_size
+        return range(head, head + 1)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__} {self.to_json_string()}"

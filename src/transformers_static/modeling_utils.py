@@ -39,6 +39,8 @@ class PreTrainedModel(nn.Module):
     base_model_prefix: ClassVar[str] = "model"
     # {tied parameter: the parameter it shares}, in this class's own key names.
     _tied_weights_keys: ClassVar[dict[str, str]] = {}
+    # Tensor parallelism of the head ({module: style}); the base model's plan is the config's `base_model_tp_plan`.
+    _tp_plan: ClassVar[dict[str, str]] = {}
     # Checkpoint keys dropped silently (buffers older upstream versions saved).
     _keys_to_ignore_on_load_unexpected: ClassVar[list[str]] = []
     # Length of a position table (GPT-2, OPT, GPT-J): positions must stay below it. None: no table (RoPE, ALiBi).
@@ -103,6 +105,7 @@ class PreTrainedModel(nn.Module):
         cache_dir: str | os.PathLike | None = None,
         token: str | bool | None = None,
         gguf_file: str | None = None,
+        tp_plan: str | None = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
         """Load a checkpoint: config.json and model.safetensors (or its sharded index, or a pytorch_model.bin read
@@ -118,6 +121,8 @@ class PreTrainedModel(nn.Module):
         keyword overrides (`num_hidden_layers=2`). The model is built with parameters on the meta device and takes
         the checkpoint's tensors directly (no random initialisation, no second copy), so `low_cpu_mem_usage` is
         always on. `trust_remote_code` is never needed for the architectures here and is ignored with a warning.
+        `tp_plan="auto"` inside a torchrun launch splits the model over the ranks by its plan, each rank reading only
+        its slices (integrations/tensor_parallel.py, docs/TENSOR_PARALLEL.md).
         """
         _refuse_unsupported(kwargs)
         hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
@@ -131,16 +136,22 @@ class PreTrainedModel(nn.Module):
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
         target_dtype = resolve_dtype(dtype if dtype is not None else torch_dtype) or config.dtype or torch.float32
-        device = resolve_device_map(device_map)
-        if gguf_file is not None:
-            from .modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-            state_dict = load_gguf_checkpoint(os.path.join(path, gguf_file), target_dtype)[1]
-        else:
-            state_dict = load_state_dict(path)
         with _default_dtype(target_dtype), _parameters_on_meta():
             model = cls(config)
-        model.load_checkpoint_state_dict(state_dict, device=device)
+        if tp_plan is not None:
+            if gguf_file is not None:
+                raise NotImplementedError(
+                    "tp_plan with gguf_file is not supported (every rank would read and dequantize the whole file): "
+                    "convert the GGUF to a checkpoint first, e.g. `transformers-static generate FILE.gguf` caches one"
+                )
+            from .integrations.tensor_parallel import init_tensor_parallel, load_tensor_parallel
+
+            tp = init_tensor_parallel(tp_plan, device_map)
+            device = tp.device
+            load_tensor_parallel(model, path, tp)
+        else:
+            device = resolve_device_map(device_map)
+            model.load_checkpoint_state_dict(_read_weights(path, gguf_file, target_dtype), device=device)
         model.load_pretrained_extras(path)
         return model.to(device).eval()
 
@@ -202,6 +213,8 @@ class PreTrainedModel(nn.Module):
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, save_directory: str | os.PathLike, *, max_shard_size: int | str = "5GB") -> None:
         """Write config.json and safetensors weights (sharded with an index past `max_shard_size`)."""
+        if self.config._tp_size > 1:
+            raise NotImplementedError("save_pretrained of a tensor-parallel model: each rank holds only its shard")
         os.makedirs(save_directory, exist_ok=True)
         self.config.architectures = [type(self).__name__]
         self.config.dtype = self.dtype
@@ -230,7 +243,19 @@ UNSUPPORTED_FROM_PRETRAINED = {
     "variant": "checkpoint variants are not supported",
     "use_safetensors": "safetensors is always preferred; pickles load only with weights_only=True",
     "weights_only": "pickles always load with weights_only=True",
+    "tp_size": 'the tensor-parallel size is the launch\'s WORLD_SIZE: pass tp_plan="auto" under torchrun',
+    "device_mesh": 'tensor parallelism uses the default process group: pass tp_plan="auto" under torchrun',
+    "distributed_config": 'pass tp_plan="auto" under torchrun (tensor parallelism only)',
 }
+
+
+def _read_weights(path: str, gguf_file: str | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors: from its safetensors / bin files, or dequantized from `gguf_file` in it."""
+    if gguf_file is None:
+        return load_state_dict(path)
+    from .modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    return load_gguf_checkpoint(os.path.join(path, gguf_file), dtype)[1]
 
 
 def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
@@ -368,12 +393,17 @@ def _read_bin(file: str) -> dict[str, torch.Tensor]:
         raise OSError(f"Could not read {file!r} with torch.load(weights_only=True): {err}") from err
 
 
-def _read_sharded(path: str, index_path: str, reader: Any) -> dict[str, torch.Tensor]:
+def read_weight_map(index_path: str) -> dict[str, str]:
+    """{weight name: shard file name} of a sharded checkpoint's index."""
     try:
         with open(index_path, encoding="utf-8") as f:
-            weight_map: dict[str, str] = json.load(f)["weight_map"]
+            return json.load(f)["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise OSError(f"{index_path!r} is not a valid index (expected a JSON object with 'weight_map')") from err
+
+
+def _read_sharded(path: str, index_path: str, reader: Any) -> dict[str, torch.Tensor]:
+    weight_map = read_weight_map(index_path)
     state_dict: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
         shard_path = os.path.join(path, shard)

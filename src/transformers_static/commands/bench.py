@@ -1,7 +1,7 @@
 """`transformers-static bench`: ours vs upstream transformers, eager and compiled, on the same weights.
 
 transformers-static bench [--arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
-                          [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream]
+                          [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream] [--tp N]
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--no-compile", action="store_true", help="eager variants only (fast)")
     parser.add_argument("--no-upstream", action="store_true", help="ours only, even if transformers is installed")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    parser.add_argument(
+        "--tp",
+        type=positive_int,
+        metavar="N",
+        help="instead: ours in one process next to tensor parallel over N ranks (torchrun subprocesses)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     add_device_args(parser, default_dtype="float32")
     parser.set_defaults(handler=run, parser=parser)
@@ -61,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         new_tokens=args.new_tokens,
         repeats=args.repeats,
         compile=not args.no_compile,
-        upstream=not args.no_upstream,
+        upstream=not args.no_upstream and args.tp is None,  # --tp compares ours with ours
         dtype=getattr(torch, args.dtype),
         device=parse_device(args),
         out=args.out or cache_root() / "bench",
@@ -70,10 +76,21 @@ def run(args: argparse.Namespace) -> int:
     if options.upstream and upstream_version() is None:
         print(f"{PROG}: upstream transformers is not installed: benchmarking ours only", file=sys.stderr)
     _warn_if_busy()
+    if args.tp is not None:
+        return _run_tensor_parallel(options, args.tp)
     with Progress(total_steps(options)) as bar:
         results = run_benchmark(options, bar)
     print(report.format_table(results, markdown=args.markdown))
     print(f"\nwrote {options.out / 'results.json'}" + (f" and {results['plot']}" if results["plot"] else ""))
+    return 0
+
+
+def _run_tensor_parallel(options: Any, world_size: int) -> int:
+    from ..bench.tensor_parallel import format_tp_table, run_tp_benchmark
+
+    results = run_tp_benchmark(options, world_size)
+    print(format_tp_table(results))
+    print(f"\nwrote {options.out / 'tp_results.json'}")
     return 0
 
 

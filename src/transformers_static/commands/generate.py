@@ -2,12 +2,16 @@
 
 transformers-static generate [MODEL_DIR | --preset NAME] (--prompt TEXT | --input-ids 1,2,3) [--max-new-tokens N]
                              [--compile] [--sample --temperature T --top-k K --top-p P --seed S] [--dtype D]
+
+Under `torchrun --nproc-per-node N -m transformers_static generate ...` the model is split over the N ranks
+(`tp_plan="auto"`); every rank generates the same tokens and only rank 0 prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import statistics
 import sys
 import time
@@ -51,6 +55,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench.measure import graphs_compiled
     from ..generation import GenerationConfig
+    from ..integrations.tensor_parallel import in_distributed_launch
     from ..models.auto import AutoConfig, AutoModelForCausalLM
 
     sampling = _sampling_options(args, GenerationConfig)
@@ -58,8 +63,12 @@ def run(args: argparse.Namespace) -> int:
     vocab_size = _load(path, lambda: AutoConfig.from_pretrained(path)).vocab_size
     input_ids, tokenizer = _prompt_ids(args, path, vocab_size)  # checked before the (slow) weight load
     device = parse_device(args)
-    model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(args), device_map=device))
-    streamer = PrintStreamer(tokenizer, skip_prompt=args.chat)
+    tp_plan = "auto" if in_distributed_launch() else None  # torchrun: split the model over the ranks
+    options = dict(dtype=parse_dtype(args), device_map=str(device), tp_plan=tp_plan)
+    model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, **options))
+    printing = tp_plan is None or torch.distributed.get_rank() == 0
+    stream = None if printing else io.StringIO()  # other ranks: kept, not shown
+    streamer = PrintStreamer(tokenizer, stream=stream, skip_prompt=args.chat)
     generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.sample else None
     graphs = graphs_compiled()
     start = time.perf_counter()
@@ -72,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
         **sampling,
     )
     elapsed = time.perf_counter() - start
-    print(_generate_summary(streamer, elapsed, graphs_compiled() - graphs, args.compile), file=sys.stderr)
+    if printing:
+        print(_generate_summary(streamer, elapsed, graphs_compiled() - graphs, args.compile), file=sys.stderr)
+    if tp_plan is not None:
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -1,1 +1,2 @@
-"""Integrations with other formats and libraries (GGUF / llama.cpp)."""
+"""Integrations with other formats and engines: GGUF / llama.cpp checkpoints (`ggml`, `ggml_tokenizer`), tensor
+parallelism over torch.distributed (`tensor_parallel`)."""

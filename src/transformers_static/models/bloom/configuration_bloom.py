@@ -18,6 +18,13 @@ class BloomConfig(PretrainedConfig):
 
     model_type = "bloom"
     attribute_map = {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
+    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    base_model_tp_plan = {
+        "h.*.self_attention.query_key_value": "colwise_qkv_groups",
+        "h.*.self_attention.dense": "rowwise",
+        "h.*.mlp.dense_h_to_4h": "colwise",
+        "h.*.mlp.dense_4h_to_h": "rowwise",
+    }
 
     def __init__(
         self,

@@ -96,7 +96,7 @@ class BloomAttention(nn.Module):
         past_key_values: Cache | None = None,
     ) -> torch.Tensor:
         batch, q_len, _ = hidden_states.shape
-        fused_qkv = self.query_key_value(hidden_states).view(batch, q_len, self.num_heads, 3, self.head_dim)
+        fused_qkv = self.query_key_value(hidden_states).view(batch, q_len, -1, 3, self.head_dim)
         query, key, value = fused_qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each [batch, heads, q_len, head_dim]
         attn_output = attention_forward(
             self,
@@ -185,7 +185,9 @@ class BloomModel(BloomPreTrainedModel):
             with_key_positions=True,
         )
         hidden_states = self.word_embeddings_layernorm(inputs_embeds)
-        alibi = build_alibi_bias(inputs.key_positions, alibi_slopes(self.num_heads, hidden_states.device))
+        heads = self.config.tp_heads(self.num_heads)  # all heads, or this rank's under tensor parallelism
+        slopes = alibi_slopes(self.num_heads, hidden_states.device)[heads.start : heads.stop]
+        alibi = build_alibi_bias(inputs.key_positions, slopes)
         masks = {
             kind: AttentionMaskConverter.with_bias(mask, alibi, hidden_states.dtype)
             for kind, mask in inputs.masks.items()
@@ -201,6 +203,7 @@ class BloomForCausalLM(CausalLMMixin, BloomPreTrainedModel):
     """Bloom with a language-model head, tied to the token embeddings by default (`tie_word_embeddings`)."""
 
     _tied_weights_keys = {"lm_head.weight": "transformer.word_embeddings.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: BloomConfig) -> None:
         super().__init__(config)

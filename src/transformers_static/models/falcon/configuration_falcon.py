@@ -18,6 +18,13 @@ class FalconConfig(PretrainedConfig):
     """
 
     model_type = "falcon"
+    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    base_model_tp_plan = {
+        "h.*.self_attention.query_key_value": "colwise_qkv_groups",
+        "h.*.self_attention.dense": "rowwise",
+        "h.*.mlp.dense_h_to_4h": "colwise",
+        "h.*.mlp.dense_4h_to_h": "rowwise",
+    }
 
     def __init__(
         self,

@@ -131,9 +131,11 @@ class FalconAttention(nn.Module):
         """`[batch, q_len, (heads + 2 kv_heads) head_dim]` -> query `[batch, heads, q_len, head_dim]`, key and
         value `[batch, kv_heads, q_len, head_dim]`."""
         batch, q_len, _ = fused_qkv.shape
-        q_per_kv = self.num_heads // self.num_kv_heads
-        qkv = fused_qkv.view(batch, q_len, self.num_kv_heads, q_per_kv + 2, self.head_dim)
-        query = qkv[:, :, :, :q_per_kv].reshape(batch, q_len, self.num_heads, self.head_dim)
+        # All heads, or this rank's under tensor parallelism (a key/value head replicated when fewer than ranks).
+        heads, kv_heads = len(self.config.tp_heads(self.num_heads)), len(self.config.tp_heads(self.num_kv_heads))
+        q_per_kv = heads // kv_heads
+        qkv = fused_qkv.view(batch, q_len, kv_heads, q_per_kv + 2, self.head_dim)
+        query = qkv[:, :, :, :q_per_kv].reshape(batch, q_len, heads, self.head_dim)
         key, value = qkv[:, :, :, q_per_kv], qkv[:, :, :, q_per_kv + 1]  # [batch, q_len, kv_heads, head_dim]
         return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
 
@@ -268,7 +270,9 @@ class FalconModel(FalconPreTrainedModel):
 
     def _fold_alibi(self, inputs: AttentionInputs) -> AttentionInputs:
         """Fold the ALiBi bias of every key into every mask, which becomes additive `[batch, heads, q_len, kv_len]`."""
-        slopes = alibi_slopes(self.config.num_attention_heads, self.device)  # [heads]
+        num_heads = self.config.num_attention_heads
+        heads = self.config.tp_heads(num_heads)  # all heads, or this rank's under tensor parallelism
+        slopes = alibi_slopes(num_heads, self.device)[heads.start : heads.stop]  # [heads]
         bias = build_alibi_bias(inputs.key_positions, slopes, self.config.head_dim, self.dtype)
         masks = {kind: AttentionMaskConverter.with_bias(mask, bias, self.dtype) for kind, mask in inputs.masks.items()}
         return dataclasses.replace(inputs, masks=masks)
@@ -276,6 +280,7 @@ class FalconModel(FalconPreTrainedModel):
 
 class FalconForCausalLM(CausalLMMixin, FalconPreTrainedModel):
     _tied_weights_keys = {"lm_head.weight": "transformer.word_embeddings.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: FalconConfig) -> None:
         super().__init__(config)

@@ -218,6 +218,7 @@ class GemmaModel(GemmaPreTrainedModel):
 # Copied from transformers_static.models.llama.modeling_llama.LlamaForCausalLM with Llama->Gemma
 class GemmaForCausalLM(CausalLMMixin, GemmaPreTrainedModel):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: GemmaConfig) -> None:
         super().__init__(config)

@@ -254,6 +254,7 @@ class Gemma2SoftCappedLMHead(nn.Linear):
 
 class Gemma2ForCausalLM(CausalLMMixin, Gemma2PreTrainedModel):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: Gemma2Config) -> None:
         super().__init__(config)

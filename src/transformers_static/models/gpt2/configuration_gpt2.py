@@ -19,6 +19,13 @@ class GPT2Config(PretrainedConfig):
         "num_hidden_layers": "n_layer",
         "max_position_embeddings": "n_positions",
     }
+    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    base_model_tp_plan = {
+        "h.*.attn.c_attn": "colwise_qkv_blocks",
+        "h.*.attn.c_proj": "rowwise",
+        "h.*.mlp.c_fc": "colwise",
+        "h.*.mlp.c_proj": "rowwise",
+    }
 
     def __init__(
         self,

@@ -31,8 +31,10 @@ class Conv1D(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.addmm(self.bias, x.reshape(-1, self.in_features), self.weight)  # [tokens, out_features]
-        return out.view(*x.shape[:-1], self.out_features)
+        flat = x.reshape(-1, self.in_features)
+        # No bias: a row-parallel shard under tensor parallelism, whose bias is added after the reduction.
+        out = flat @ self.weight if self.bias is None else torch.addmm(self.bias, flat, self.weight)
+        return out.view(*x.shape[:-1], self.out_features)  # [..., out_features]
 
     def extra_repr(self) -> str:
         return f"nf={self.out_features}, nx={self.in_features}"
@@ -77,7 +79,7 @@ class GPT2Attention(nn.Module):
     ) -> torch.Tensor:
         batch, q_len, _ = hidden_states.shape
         hidden_shape = (batch, q_len, -1, self.head_dim)
-        query, key, value = self.c_attn(hidden_states).split(self.embed_dim, dim=-1)  # each [batch, q_len, hidden]
+        query, key, value = self.c_attn(hidden_states).chunk(3, dim=-1)  # each [batch, q_len, heads * head_dim]
         query = query.view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
         key = key.view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
         value = value.view(hidden_shape).transpose(1, 2)
@@ -191,6 +193,7 @@ class GPT2LMHeadModel(CausalLMMixin, GPT2PreTrainedModel):
     """GPT-2 with a language-model head, tied to the token embeddings by default (`tie_word_embeddings`)."""
 
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: GPT2Config) -> None:
         super().__init__(config)

@@ -16,6 +16,13 @@ class GPTNeoXConfig(PretrainedConfig):
     """
 
     model_type = "gpt_neox"
+    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    base_model_tp_plan = {
+        "layers.*.attention.query_key_value": "colwise_qkv_groups",
+        "layers.*.attention.dense": "rowwise",
+        "layers.*.mlp.dense_h_to_4h": "colwise",
+        "layers.*.mlp.dense_4h_to_h": "rowwise",
+    }
 
     def __init__(
         self,

@@ -212,6 +212,7 @@ class GPTNeoXForCausalLM(CausalLMMixin, GPTNeoXPreTrainedModel):
     upstream gives it in memory, accepted in a checkpoint too)."""
 
     _tied_weights_keys = {"embed_out.weight": "gpt_neox.embed_in.weight"}
+    _tp_plan = {"embed_out": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: GPTNeoXConfig) -> None:
         super().__init__(config)

@@ -22,6 +22,15 @@ class GPTJConfig(PretrainedConfig):
         "num_attention_heads": "n_head",
         "num_hidden_layers": "n_layer",
     }
+    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    base_model_tp_plan = {
+        "h.*.attn.q_proj": "colwise",
+        "h.*.attn.k_proj": "colwise_kv",
+        "h.*.attn.v_proj": "colwise_kv",
+        "h.*.attn.out_proj": "rowwise",
+        "h.*.mlp.fc_in": "colwise",
+        "h.*.mlp.fc_out": "rowwise",
+    }
 
     def __init__(
         self,

@@ -208,6 +208,7 @@ class GPTJForCausalLM(CausalLMMixin, GPTJPreTrainedModel):
     Linear); its weight is tied to the token embeddings only when `tie_word_embeddings` asks."""
 
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: GPTJConfig) -> None:
         super().__init__(config)

@@ -188,6 +188,7 @@ class LlamaModel(LlamaPreTrainedModel):
 
 class LlamaForCausalLM(CausalLMMixin, LlamaPreTrainedModel):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__(config)

@@ -197,6 +197,7 @@ class MistralModel(MistralPreTrainedModel):
 # Copied from transformers_static.models.llama.modeling_llama.LlamaForCausalLM with Llama->Mistral
 class MistralForCausalLM(CausalLMMixin, MistralPreTrainedModel):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: MistralConfig) -> None:
         super().__init__(config)

@@ -18,6 +18,15 @@ class OPTConfig(PretrainedConfig):
 
     model_type = "opt"
     attribute_map = {"initializer_range": "init_std"}
+    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    base_model_tp_plan = {
+        "decoder.layers.*.self_attn.q_proj": "colwise",
+        "decoder.layers.*.self_attn.k_proj": "colwise_kv",
+        "decoder.layers.*.self_attn.v_proj": "colwise_kv",
+        "decoder.layers.*.self_attn.out_proj": "rowwise",
+        "decoder.layers.*.fc1": "colwise",
+        "decoder.layers.*.fc2": "rowwise",
+    }
 
     def __init__(
         self,

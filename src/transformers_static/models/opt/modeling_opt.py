@@ -227,6 +227,7 @@ class OPTForCausalLM(CausalLMMixin, OPTPreTrainedModel):
     """OPT with a language-model head over `word_embed_proj_dim`, tied to the token embeddings by default."""
 
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: OPTConfig) -> None:
         super().__init__(config)

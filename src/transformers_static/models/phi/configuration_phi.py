@@ -14,6 +14,15 @@ class PhiConfig(PretrainedConfig):
     `rope_scaling`) that released checkpoints carry are folded in there, the dict's own value first."""
 
     model_type = "phi"
+    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise_kv",
+        "layers.*.self_attn.v_proj": "colwise_kv",
+        "layers.*.self_attn.dense": "rowwise",
+        "layers.*.mlp.fc1": "colwise",
+        "layers.*.mlp.fc2": "rowwise",
+    }
 
     def __init__(
         self,

@@ -208,6 +208,7 @@ class PhiForCausalLM(CausalLMMixin, PhiPreTrainedModel):
     part of `nn.Linear`; tying (`tie_word_embeddings`) shares only the weight, as upstream."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: PhiConfig) -> None:
         super().__init__(config)

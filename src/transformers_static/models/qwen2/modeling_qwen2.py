@@ -206,6 +206,7 @@ class Qwen2Model(Qwen2PreTrainedModel):
 # Copied from transformers_static.models.llama.modeling_llama.LlamaForCausalLM with Llama->Qwen2
 class Qwen2ForCausalLM(CausalLMMixin, Qwen2PreTrainedModel):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
     def __init__(self, config: Qwen2Config) -> None:
         super().__init__(config)

@@ -1,0 +1,413 @@
+"""Tensor parallelism over torch.distributed: `from_pretrained(..., tp_plan="auto")` inside a `torchrun` launch.
+
+Each architecture declares its plan where upstream does: `base_model_tp_plan` on its config (module paths inside
+the base model, `*` for a layer index) and `_tp_plan` on its causal-LM class (the head). A plan gives each linear
+layer (`nn.Linear`, or GPT-2's `[in, out]` Conv1D) a style:
+
+    colwise                output features split evenly: query projections, MLP up/gate (no communication)
+    colwise_kv             key/value projections split by key/value head; with fewer kv heads than ranks, each
+                           rank holds the one head its query heads read (replicated)
+    colwise_qkv_blocks     one projection of [q | k | v] blocks (GPT-2's c_attn): each block split by heads
+    colwise_qkv_groups     one projection packed per key/value group, `[kv_heads, q_per_kv + 2, head_dim]` (GPT-NeoX
+                           and Bloom: a group per head; Falcon: multi-query or grouped): each rank takes its groups,
+                           or its query heads and their group's key and value
+    rowwise                input features split: output projections, MLP down; the partial outputs are all-reduced
+                           and the bias is added once, after the reduction
+    colwise_gather_output  the LM head split by vocabulary (tied: a view of the replicated embedding); the logits
+                           are all-gathered, so every rank holds all of them
+
+Everything else is replicated (embeddings, norms, position tables). The reductions are functional collectives,
+which dynamo traces into the graph: a compiled forward stays one graph. Each rank reads only its slices of the
+safetensors files. docs/TENSOR_PARALLEL.md says why each choice was made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from ..cache_utils import attention_shape
+from ..configuration_utils import PretrainedConfig
+from ..modeling_utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, PreTrainedModel, read_weight_map
+
+Spans = tuple[tuple[int, int], ...]  # (start, stop) ranges of one dimension, concatenated in order
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This process's place in the tensor-parallel group (the default process group, all of it)."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    group: dist.ProcessGroup
+
+
+class Split(NamedTuple):
+    """What one rank holds of a linear layer: spans of its output features, or of its input features."""
+
+    out: Spans | None = None
+    inp: Spans | None = None
+
+
+class Shard(NamedTuple):
+    """Where a rank's tensor lies in the checkpoint's: `spans` of dimension `dim`, concatenated."""
+
+    dim: int
+    spans: Spans
+
+
+# ---------------------------------------------------------------------- the process group
+def in_distributed_launch() -> bool:
+    """Whether torchrun (or a launcher like it) started this process: its variables are all set."""
+    return all(name in os.environ for name in LAUNCH_VARIABLES)
+
+
+def init_tensor_parallel(tp_plan: str, device_map: Any) -> TensorParallel:
+    """Join the default process group, forming it from torchrun's environment when it does not exist yet: NCCL
+    with each rank on `cuda:LOCAL_RANK`, or gloo on the CPU (`device_map="cpu"`, or no GPU)."""
+    if tp_plan != "auto":
+        raise NotImplementedError(f"tp_plan={tp_plan!r}: only 'auto' (each architecture's own plan) is supported")
+    device_type = _device_type(device_map)
+    if not dist.is_initialized():
+        _init_process_group("nccl" if device_type == "cuda" else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+    return TensorParallel(rank, dist.get_world_size(), device, dist.group.WORLD)
+
+
+def _device_type(device_map: Any) -> str:
+    if isinstance(device_map, torch.device) and device_map.index is None:
+        device_map = device_map.type
+    if device_map in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device_map == "cpu" or (device_map == "cuda" and torch.cuda.is_available()):
+        return device_map
+    raise ValueError(
+        f"device_map={device_map!r} with tp_plan: each rank runs on cuda:LOCAL_RANK, or on the CPU; pass "
+        "device_map=None, 'auto', 'cpu' or 'cuda' (with a GPU)"
+    )
+
+
+def _init_process_group(backend: str) -> None:
+    missing = [name for name in LAUNCH_VARIABLES if name not in os.environ]
+    if missing:
+        raise ValueError(
+            "tp_plan needs a distributed launch (torchrun --nproc-per-node N ...) or an initialised "
+            f"torch.distributed process group: {', '.join(missing)} not set in the environment"
+        )
+    rank, world_size = os.environ["RANK"], os.environ["WORLD_SIZE"]
+    if not (rank.isdigit() and world_size.isdigit() and int(rank) < int(world_size)):
+        raise ValueError(f"RANK ({rank}) and WORLD_SIZE ({world_size}) must be integers with 0 <= RANK < WORLD_SIZE")
+    try:
+        dist.init_process_group(backend)
+    except Exception as err:  # torch raises several types (timeouts, refused connections, bad variables)
+        env = {name: os.environ[name] for name in LAUNCH_VARIABLES}
+        raise RuntimeError(f"could not form the {backend} process group from {env}: {err}") from err
+
+
+# ---------------------------------------------------------------------- plans
+def planned_modules(model: PreTrainedModel) -> dict[str, tuple[nn.Module, str]]:
+    """{module name: (module, style)} for every module the model's plan names; a plan entry that matches no
+    module, or an unknown style, is an error (it would leave layers silently unsplit)."""
+    plan = _model_plan(model)
+    found, unused = {}, set(plan)
+    for name, module in model.named_modules():
+        for pattern, style in plan.items():
+            if re.fullmatch(re.escape(pattern).replace(r"\*", r"\d+"), name):
+                found[name] = (module, style)
+                unused.discard(pattern)
+    if unused:
+        raise ValueError(f"{type(model).__name__}'s tensor-parallel plan names modules it lacks: {sorted(unused)}")
+    unknown = sorted({style for _, style in found.values()} - set(SPLITS))
+    if unknown:
+        raise ValueError(f"unknown tensor-parallel style(s) {unknown}; expected some of {sorted(SPLITS)}")
+    return found
+
+
+def _model_plan(model: PreTrainedModel) -> dict[str, str]:
+    """The config's base-model plan (under the base model's prefix in a head model) and the head's plan."""
+    base_plan = model.config.base_model_tp_plan
+    if not base_plan:
+        raise ValueError(f"{type(model.config).__name__} declares no tensor-parallel plan (base_model_tp_plan)")
+    if not isinstance(getattr(model, model.base_model_prefix, None), nn.Module):
+        return dict(base_plan)
+    return {**{f"{model.base_model_prefix}.{k}": v for k, v in base_plan.items()}, **model._tp_plan}
+
+
+def check_shardable(config: PretrainedConfig, world_size: int) -> None:
+    """Every rank must hold whole heads: query heads split evenly; key/value heads split evenly, or replicated
+    when there are fewer than ranks (then ranks must share them evenly)."""
+    heads, kv_heads, _ = attention_shape(config)
+    if heads % world_size:
+        divisors = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise ValueError(
+            f"num_attention_heads ({heads}) is not divisible by the tensor-parallel world size ({world_size}): each "
+            f"rank must hold whole heads; run on a world size that divides {heads}: {divisors}"
+        )
+    if kv_heads % world_size and world_size % kv_heads:
+        raise ValueError(
+            f"num_key_value_heads ({kv_heads}) and the tensor-parallel world size ({world_size}): one must divide the "
+            "other (key/value heads are split across ranks, or replicated when there are fewer than ranks)"
+        )
+
+
+# ---------------------------------------------------------------------- styles: what each rank holds
+def _even(size: int, tp: TensorParallel) -> Spans:
+    if size % tp.world_size:
+        raise ValueError(f"{size} features are not divisible by the tensor-parallel world size ({tp.world_size})")
+    share = size // tp.world_size
+    return ((tp.rank * share, (tp.rank + 1) * share),)
+
+
+def _head_spans(heads: range, head_dim: int, offset: int = 0) -> Spans:
+    return ((offset + heads.start * head_dim, offset + heads.stop * head_dim),)
+
+
+def _check_width(module: nn.Module, width: int, layout: str) -> None:
+    if module.out_features != width:
+        raise ValueError(f"{module.out_features} output features, but {layout} makes {width}")
+
+
+def _colwise(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    return Split(out=_even(module.out_features, tp))
+
+
+def _rowwise(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    return Split(inp=_even(module.in_features, tp))
+
+
+def _colwise_kv(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    _, kv_heads, head_dim = attention_shape(config)
+    _check_width(module, kv_heads * head_dim, f"{kv_heads} key/value heads of {head_dim}")
+    return Split(out=_head_spans(config.tp_heads(kv_heads), head_dim))
+
+
+def _colwise_qkv_blocks(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    heads, kv_heads, head_dim = attention_shape(config)
+    _check_width(module, (heads + 2 * kv_heads) * head_dim, "[q | k | v] blocks")
+    q, kv = config.tp_heads(heads), config.tp_heads(kv_heads)
+    k_start, v_start = heads * head_dim, (heads + kv_heads) * head_dim
+    return Split(
+        out=_head_spans(q, head_dim) + _head_spans(kv, head_dim, k_start) + _head_spans(kv, head_dim, v_start)
+    )
+
+
+def _colwise_qkv_groups(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    """Rows `[kv_heads, q_per_kv + 2, head_dim]`: per group its query heads, then its key, then its value."""
+    heads, kv_heads, head_dim = attention_shape(config)
+    q_per_kv = heads // kv_heads
+    _check_width(module, kv_heads * (q_per_kv + 2) * head_dim, "groups of [queries, key, value]")
+    q, spans = config.tp_heads(heads), []
+    for group in config.tp_heads(kv_heads):
+        first = group * (q_per_kv + 2)  # the group's first row, in heads
+        own_start, own_stop = max(q.start, group * q_per_kv), min(q.stop, (group + 1) * q_per_kv)
+        spans.append((first + own_start - group * q_per_kv, first + own_stop - group * q_per_kv))  # its queries here
+        spans.append((first + q_per_kv, first + q_per_kv + 2))  # its key and value
+    return Split(out=_merge(tuple((start * head_dim, stop * head_dim) for start, stop in spans)))
+
+
+def _colwise_gather_output(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    _check_width(module, config.vocab_size, "the vocabulary")
+    return Split(out=(_vocab_span(config.vocab_size, tp),))
+
+
+def _vocab_span(vocab: int, tp: TensorParallel) -> tuple[int, int]:
+    """This rank's chunk of ceil(vocab / world_size) ids: the last ranks' may be shorter (padded when gathered)."""
+    chunk = -(-vocab // tp.world_size)
+    return min(tp.rank * chunk, vocab), min((tp.rank + 1) * chunk, vocab)
+
+
+SPLITS: dict[str, Callable[[nn.Module, PretrainedConfig, TensorParallel], Split]] = {
+    "colwise": _colwise,
+    "colwise_kv": _colwise_kv,
+    "colwise_qkv_blocks": _colwise_qkv_blocks,
+    "colwise_qkv_groups": _colwise_qkv_groups,
+    "rowwise": _rowwise,
+    "colwise_gather_output": _colwise_gather_output,
+}
+
+
+def _merge(spans: Spans) -> Spans:
+    merged: list[tuple[int, int]] = []
+    for start, stop in spans:
+        if merged and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], stop)
+        else:
+            merged.append((start, stop))
+    return tuple(merged)
+
+
+def _width(spans: Spans) -> int:
+    return sum(stop - start for start, stop in spans)
+
+
+# ---------------------------------------------------------------------- loading
+def load_tensor_parallel(model: PreTrainedModel, path: str, tp: TensorParallel) -> None:
+    """Split `model` (built on the meta device) by its plan, fill it with this rank's slices of the checkpoint at
+    `path`, and install the collectives. The model's config then knows this rank (`tp_heads`), so StaticCache
+    holds this rank's key/value heads."""
+    layers = planned_modules(model)
+    check_shardable(model.config, tp.world_size)
+    model.config._tp_rank, model.config._tp_size = tp.rank, tp.world_size
+    splits = {name: _split(name, module, style, model.config, tp) for name, (module, style) in layers.items()}
+    shards = {}
+    for name, (module, _) in layers.items():
+        shards.update(_shard_module(name, module, splits[name], tied=_tied_source(model, name) is not None))
+    model.load_checkpoint_state_dict(_read_shards(model, path, shards), device=tp.device)
+    for name, (module, style) in layers.items():
+        if style == "rowwise":
+            _install_rowwise(module, tp)
+        elif style == "colwise_gather_output":
+            _install_gather_output(model, name, module, tp)
+
+
+def _split(name: str, module: nn.Module, style: str, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    """What this rank holds of `module` (every check done before any module changes)."""
+    try:
+        return SPLITS[style](module, config, tp)
+    except ValueError as err:
+        raise ValueError(f"cannot split {name} ({style}): {err}") from None
+
+
+def _tied_source(model: PreTrainedModel, name: str) -> str | None:
+    """The parameter `name`'s weight shares when the config ties embeddings, else None."""
+    return model._tied_weights_keys.get(f"{name}.weight") if model.config.tie_word_embeddings else None
+
+
+def _weight_dims(module: nn.Module) -> tuple[int, int]:
+    """(output dim, input dim) of the weight: nn.Linear's `[out, in]`, or GPT-2's Conv1D `[in, out]`."""
+    if isinstance(module, nn.Linear):
+        return 0, 1
+    if tuple(module.weight.shape) == (module.in_features, module.out_features):
+        return 1, 0
+    raise ValueError(f"cannot split {type(module).__name__}: expected nn.Linear or an [in, out] Conv1D")
+
+
+def _shard_module(name: str, module: nn.Module, split: Split, tied: bool) -> dict[str, Shard]:
+    """Give `module` meta parameters of this rank's shape (a tied weight stays shared until loaded); return where
+    each lies in the checkpoint, by parameter name."""
+    out_dim, in_dim = _weight_dims(module)
+    shards: dict[str, Shard] = {}
+    if split.out is not None:
+        module.out_features = _width(split.out)
+        if not tied:
+            shards["weight"] = Shard(out_dim, split.out)
+        if module.bias is not None:
+            shards["bias"] = Shard(0, split.out)
+    if split.inp is not None:  # a row-parallel bias is replicated
+        module.in_features = _width(split.inp)
+        shards["weight"] = Shard(in_dim, split.inp)
+    for param_name, shard in shards.items():
+        param = module._parameters[param_name]
+        shape = list(param.shape)
+        shape[shard.dim] = _width(shard.spans)
+        local = torch.empty(shape, dtype=param.dtype, device="meta")
+        module._parameters[param_name] = nn.Parameter(local, requires_grad=param.requires_grad)
+    return {f"{name}.{param_name}": shard for param_name, shard in shards.items()}
+
+
+def _read_shards(model: PreTrainedModel, path: str, shards: dict[str, Shard]) -> dict[str, torch.Tensor]:
+    """This rank's checkpoint tensors: slices of the split weights, replicated weights whole, and unexpected keys as
+    meta placeholders of their shape (named by the loader's warning, never read). Tied copies are skipped."""
+    files = _checkpoint_files(path)  # {checkpoint key: file}
+    names = model._match_prefix({key: key for key in files})  # {model key: checkpoint key}
+    expected = model.state_dict().keys()
+    tied = set(model._tied_weights_keys) if model.config.tie_word_embeddings else set()
+    state = {}
+    for file in sorted(set(files.values())):
+        with safe_open(file, framework="pt") as reader:
+            for key, ckpt_key in names.items():
+                if files[ckpt_key] != file or key in tied:
+                    continue
+                view = reader.get_slice(ckpt_key)
+                if key in shards:
+                    state[key] = _read_slices(view, shards[key])
+                elif key in expected:
+                    state[key] = view[:]
+                else:
+                    state[key] = torch.empty(view.get_shape(), device="meta")
+    return state
+
+
+def _checkpoint_files(path: str) -> dict[str, str]:
+    """{checkpoint key: safetensors file} of a checkpoint directory (sharded or not)."""
+    index = os.path.join(path, SAFE_WEIGHTS_INDEX_NAME)
+    if os.path.isfile(index):
+        return {key: os.path.join(path, file) for key, file in read_weight_map(index).items()}
+    single = os.path.join(path, SAFE_WEIGHTS_NAME)
+    if os.path.isfile(single):
+        with safe_open(single, framework="pt") as reader:
+            return dict.fromkeys(reader.keys(), single)
+    raise OSError(
+        f"tensor-parallel loading reads each rank's slices from safetensors files, and {path!r} has neither "
+        f"{SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME} (a pickle cannot be read in slices: convert the "
+        "checkpoint with save_pretrained in one process first)"
+    )
+
+
+def _read_slices(view: Any, shard: Shard) -> torch.Tensor:
+    """Read only `shard`'s spans of a safetensors slice, into memory of their own (a slice is a view of the file's
+    mapping, which a strided column slice would keep resident whole)."""
+    before = (slice(None),) * shard.dim
+    parts = [view[(*before, slice(start, stop))] for start, stop in shard.spans]
+    return torch.cat(parts, dim=shard.dim) if len(parts) > 1 else parts[0].clone(memory_format=torch.contiguous_format)
+
+
+# ---------------------------------------------------------------------- collectives
+class ReducePartialSums:
+    """Forward hook of a row-parallel layer: sum the ranks' partial outputs, then add the bias once."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        output = funcol.all_reduce(output, "sum", self.group)  # [..., out_features]
+        bias = getattr(module, "bias_after_reduce", None)
+        return output if bias is None else output + bias
+
+
+class GatherVocab:
+    """Forward hook of a vocabulary-split head: pad this rank's logits to the common chunk, all-gather, trim."""
+
+    def __init__(self, group: dist.ProcessGroup, world_size: int, chunk: int, vocab: int) -> None:
+        self.group, self.world_size, self.chunk, self.vocab = group, world_size, chunk, vocab
+
+    def __call__(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
+        lead = logits.shape[:-1]  # [batch, q_len]
+        if logits.shape[-1] < self.chunk:
+            logits = F.pad(logits, (0, self.chunk - logits.shape[-1]))  # [batch, q_len, chunk]
+        gathered = funcol.all_gather_single(logits.contiguous(), 0, self.group)  # [world * batch, q_len, chunk]
+        full = gathered.view(self.world_size, *lead, self.chunk).movedim(0, -2).reshape(*lead, -1)
+        return full[..., : self.vocab]  # [batch, q_len, vocab]
+
+
+def _install_rowwise(module: nn.Module, tp: TensorParallel) -> None:
+    bias = module._parameters.get("bias")
+    if bias is not None:  # moved out of the layer's own forward, which then makes a partial sum only
+        module.bias = None
+        module.bias_after_reduce = bias
+    module.register_forward_hook(ReducePartialSums(tp.group))
+
+
+def _install_gather_output(model: PreTrainedModel, name: str, module: nn.Module, tp: TensorParallel) -> None:
+    vocab = model.config.vocab_size
+    source = _tied_source(model, name)
+    if source is not None:  # this rank's rows of the replicated embedding: a view, no copy
+        start, stop = _vocab_span(vocab, tp)
+        module.weight = nn.Parameter(model.get_parameter(source).detach()[start:stop], requires_grad=False)
+    module.register_forward_hook(GatherVocab(tp.group, tp.world_size, -(-vocab // tp.world_size), vocab))

@@ -1,0 +1,561 @@
+"""Tensor parallelism over torch.distributed: two gloo processes on the CPU against one process, for every
+architecture (tiny random upstream checkpoints, head counts divisible by 2, and for each architecture with
+grouped key/value heads one config with fewer key/value heads than ranks), plus the refusals.
+
+One pair of worker processes (tests/tensor_parallel_worker.py) runs every checkpoint: spawned once for the module
+with torchrun's environment on a free port, bounded in time, killed on failure or timeout. The tests assert on
+what each rank wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from typing import Any, ClassVar
+from unittest import mock
+
+import torch
+import torch.multiprocessing as mp
+import transformers
+from parameterized import parameterized
+from torch import nn
+
+from tests.tensor_parallel_worker import run_rank
+from transformers_static import AutoConfig, AutoModelForCausalLM, FalconConfig, LlamaConfig
+from transformers_static.commands import main
+from transformers_static.integrations.tensor_parallel import LAUNCH_VARIABLES, SPLITS, TensorParallel
+
+WORLD_SIZE = 2
+TIMEOUT_S = 900  # the whole run of both workers; it takes about 2 minutes on 2 busy cores
+ATOL = 1e-5
+
+# name: (upstream config class, upstream model class, config kwargs, worker options)
+CHECKPOINTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64), {}),
+    "gpt2_untied_sharded": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(n_embd=64, n_layer=2, n_head=2, n_inner=96, n_positions=64, tie_word_embeddings=False),
+        {"max_shard_size": "40KB"},
+    ),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+        {"sample": True, "base_model": True, "inductor": True},
+    ),
+    "llama_kv1": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            mlp_bias=True,
+        ),
+        {"attn": "eager"},
+    ),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=5,
+        ),
+        {},
+    ),
+    "mistral_kv1": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            sliding_window=5,
+        ),
+        {"attn": "eager"},
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=5,
+            max_window_layers=1,
+        ),
+        {},
+    ),
+    "qwen2_kv1": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1),
+        {},
+    ),
+    "gemma": (
+        "GemmaConfig",
+        "GemmaForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
+        {},
+    ),
+    "gemma_kv1": (
+        "GemmaConfig",
+        "GemmaForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+        ),
+        {},
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=5,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+        {"attn": "eager"},
+    ),
+    "gemma2_kv1": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+        ),
+        {"attn": "eager"},
+    ),
+    "phi": (
+        "PhiConfig",
+        "PhiForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            partial_rotary_factor=0.5,
+            qk_layernorm=True,
+        ),
+        {},
+    ),
+    "phi_kv1": (
+        "PhiConfig",
+        "PhiForCausalLM",
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1),
+        {},
+    ),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64), {}),
+    "opt": (
+        "OPTConfig",
+        "OPTForCausalLM",
+        dict(
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            word_embed_proj_dim=32,
+            max_position_embeddings=64,
+        ),
+        {},
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, rotary_pct=0.5),
+        {},
+    ),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=64, n_layer=2, n_head=4), {}),
+    "falcon_alibi_multi_query": (
+        "FalconConfig",
+        "FalconForCausalLM",
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True, multi_query=True, bias=True),
+        {},
+    ),
+    "falcon_grouped": (
+        "FalconConfig",
+        "FalconForCausalLM",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            new_decoder_architecture=True,
+            ffn_hidden_size=96,
+            tie_word_embeddings=False,
+        ),
+        {},
+    ),
+    "falcon_sequential_rotary": (
+        "FalconConfig",
+        "FalconForCausalLM",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            multi_query=False,
+            parallel_attn=False,
+            bias=True,
+        ),
+        {"attn": "eager"},
+    ),
+}
+# Graphs are counted on one checkpoint per architecture (tracing is most of this file's time).
+GRAPHS_COUNTED = [
+    "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "gemma",
+    "gemma2",
+    "phi",
+    "gptj",
+    "opt",
+    "gpt_neox",
+    "bloom",
+    "falcon_alibi_multi_query",
+]
+LLAMA = dict(num_hidden_layers=1, intermediate_size=64)
+# name: (config kwargs of a Llama checkpoint, what loading it with tp_plan on 2 ranks must raise)
+REFUSED_IN_LAUNCH = {
+    "heads_not_divisible": (
+        dict(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, **LLAMA),  # SmolLM2-135M's heads
+        r"ValueError: num_attention_heads \(9\) is not divisible by the tensor-parallel world size \(2\)",
+    ),
+    "kv_heads_not_shareable": (
+        dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=3, **LLAMA),
+        r"ValueError: num_key_value_heads \(3\) and the tensor-parallel world size \(2\)",
+    ),
+    "mlp_not_divisible": (
+        dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=63),
+        r"ValueError: cannot split model\.layers\.0\.mlp\.gate_proj \(colwise\): 63 features are not divisible",
+    ),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(out: str, checkpoints: list[dict], refusals: dict[str, dict]) -> list[dict]:
+    """Spawn the ranks, wait at most TIMEOUT_S, kill whatever still runs (a rank that failed makes the others
+    stop too), and return what each rank wrote."""
+    args = (WORLD_SIZE, free_port(), out, checkpoints, refusals)
+    context = mp.start_processes(run_rank, args=args, nprocs=WORLD_SIZE, join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the tensor-parallel workers were still running after {TIMEOUT_S} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+    ranks = []
+    for rank in range(WORLD_SIZE):
+        with open(os.path.join(out, f"rank{rank}.json"), encoding="utf-8") as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+def save_upstream(path: str, config_class: str, model_class: str, kwargs: dict, max_shard_size: str = "5GB") -> None:
+    """A tiny random upstream checkpoint, every weight perturbed (biases and norms matter)."""
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(vocab_size=99, bos_token_id=1, eos_token_id=2, **kwargs)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    model.save_pretrained(path, max_shard_size=max_shard_size)
+
+
+class TensorParallelTest(unittest.TestCase):
+    ranks: ClassVar[list[dict]]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        transformers.utils.logging.disable_progress_bar()
+        cls.tmpdir = tempfile.mkdtemp()
+        checkpoints = []
+        for name, (config_class, model_class, kwargs, options) in CHECKPOINTS.items():
+            path = os.path.join(cls.tmpdir, name)
+            save_upstream(path, config_class, model_class, kwargs, options.get("max_shard_size", "5GB"))
+            options = {"attn": "sdpa", "graphs": name in GRAPHS_COUNTED, **options}
+            checkpoints.append({"name": name, "path": path, **options})
+        cls.ranks = run_ranks(cls.tmpdir, checkpoints, cls._refusal_specs())
+
+    @classmethod
+    def _refusal_specs(cls) -> dict[str, dict]:
+        specs = {}
+        for name, (kwargs, _) in REFUSED_IN_LAUNCH.items():
+            path = os.path.join(cls.tmpdir, name)
+            save_upstream(path, "LlamaConfig", "LlamaForCausalLM", kwargs)
+            specs[name] = {"path": path}
+        pickled = os.path.join(cls.tmpdir, "pickled")
+        model = AutoModelForCausalLM.from_pretrained(os.path.join(cls.tmpdir, "llama"))
+        model.config.save_pretrained(pickled)
+        torch.save(model.state_dict(), os.path.join(pickled, "pytorch_model.bin"))
+        specs["pickle"] = {"path": pickled}
+        specs["save"] = {"path": os.path.join(cls.tmpdir, "llama"), "save": os.path.join(cls.tmpdir, "saved")}
+        return specs
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+    def results(self, name: str) -> list[dict]:
+        """Each rank's results for checkpoint `name` (a check that raised there fails the test with its traceback)."""
+        results = [rank["checkpoints"][name] for rank in self.ranks]
+        for rank, result in enumerate(results):
+            if "error" in result:
+                self.fail(f"rank {rank}, {name}:\n{result['error']}")
+        return results
+
+    @parameterized.expand(CHECKPOINTS)
+    def test_logits_match_one_process_and_are_identical_on_every_rank(self, name: str) -> None:
+        results = self.results(name)
+        for result in results:
+            self.assertLessEqual(result["max_abs_diff"], ATOL)
+        self.assertEqual(len({result["logits_digest"] for result in results}), 1, "ranks' logits differ bitwise")
+
+    @parameterized.expand(CHECKPOINTS)
+    def test_greedy_tokens_equal_one_process_on_every_rank(self, name: str) -> None:
+        for result in self.results(name):
+            self.assertEqual(result["tokens"], result["single_tokens"])
+            self.assertEqual(result["dynamic_tokens"], result["single_tokens"])
+
+    @parameterized.expand(GRAPHS_COUNTED)
+    def test_compiles_two_graphs_then_none_on_every_rank(self, name: str) -> None:
+        """The user's torch.compile(forward, fullgraph=True, dynamic=False): prefill and decode on the first
+        generate, nothing on a second with another prompt length (dynamo's error_on_recompile)."""
+        for result in self.results(name):
+            self.assertEqual(result["graphs"], [2, 2])
+
+    @parameterized.expand(CHECKPOINTS)
+    def test_static_cache_holds_the_ranks_heads(self, name: str) -> None:
+        config = AutoConfig.from_pretrained(os.path.join(self.tmpdir, name))  # ours: Falcon's kv heads per layout
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        for result in self.results(name):
+            self.assertEqual(result["cache_kv_heads"], max(kv_heads // WORLD_SIZE, 1))
+
+    @parameterized.expand(CHECKPOINTS)
+    def test_each_rank_holds_its_share_of_the_parameters(self, name: str) -> None:
+        """bytes(rank) <= replicated + (full - replicated) / world_size (docs/TENSOR_PARALLEL.md), and the bound
+        means something: the replicated part is under half the model."""
+        for result in self.results(name):
+            full, replicated = result["full_bytes"], result["replicated_bytes"]
+            self.assertLess(replicated, full / 2)
+            self.assertLessEqual(result["bytes"], replicated + (full - replicated) / WORLD_SIZE)
+
+    def test_sampling_with_one_seed_everywhere_equals_one_process(self) -> None:
+        for result in self.results("llama"):
+            self.assertEqual(result["sampled"], result["single_sampled"])
+
+    def test_a_base_model_splits_by_the_config_plan(self) -> None:
+        for result in self.results("llama"):
+            self.assertLessEqual(result["base_max_abs_diff"], ATOL)
+
+    def test_compile_true_with_inductor_compiles_once(self) -> None:
+        """generate(compile=True) compiles the decode step once (the prefill runs eager), nothing for another
+        prompt length; the tokens equal eager's."""
+        for result in self.results("llama"):
+            self.assertEqual(result["inductor"], {"graphs": [1, 0], "tokens_equal_eager": True})
+
+    @parameterized.expand(REFUSED_IN_LAUNCH)
+    def test_refused_in_a_launch(self, name: str) -> None:
+        for rank in self.ranks:
+            self.assertRegex(rank["refusals"][name], REFUSED_IN_LAUNCH[name][1])
+
+    def test_pickle_checkpoints_are_refused(self) -> None:
+        for rank in self.ranks:
+            self.assertRegex(rank["refusals"]["pickle"], r"OSError: tensor-parallel loading reads .* safetensors")
+
+    def test_save_pretrained_is_refused(self) -> None:
+        for rank in self.ranks:
+            self.assertRegex(rank["refusals"]["save"], r"NotImplementedError: save_pretrained of a tensor-parallel")
+
+
+class TensorParallelInProcessTest(unittest.TestCase):
+    """What needs no second process: the head rule and the fused splits for 4 ranks, and what is refused before
+    a process group is needed."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmpdir = tempfile.mkdtemp()
+        save_upstream(
+            cls.tmpdir, "LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, num_attention_heads=4, **LLAMA)
+        )
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+    def test_heads_of_each_rank(self) -> None:
+        """Query heads split evenly; key/value heads split, or each rank takes the one its queries read."""
+        config = LlamaConfig()
+        expected = {
+            (8, 4): [range(0, 2), range(2, 4), range(4, 6), range(6, 8)],
+            (2, 4): [range(0, 1), range(0, 1), range(1, 2), range(1, 2)],
+            (1, 4): [range(0, 1)] * 4,
+            (4, 1): [range(0, 4)],
+        }
+        for (heads, world_size), ranges in expected.items():
+            config._tp_size = world_size
+            for rank, heads_here in enumerate(ranges):
+                config._tp_rank = rank
+                self.assertEqual(config.tp_heads(heads), heads_here, f"{heads} heads, rank {rank} of {world_size}")
+
+    def test_grouped_qkv_split_on_four_ranks(self) -> None:
+        """Falcon's fused rows `[kv_heads, q_per_kv + 2, head_dim]`, 8 query heads on 4 ranks: each rank takes its two
+        query heads and the key and value of their group (shared by two ranks with 2 groups, by all with 1)."""
+        for kv_heads in (1, 2, 4):
+            config = FalconConfig(
+                hidden_size=16, num_attention_heads=8, num_kv_heads=kv_heads, new_decoder_architecture=True
+            )
+            q_per_kv = 8 // kv_heads
+            labels = [  # what each head_dim-row block of the fused weight holds
+                name
+                for g in range(kv_heads)
+                for name in [*(f"q{g * q_per_kv + i}" for i in range(q_per_kv)), f"k{g}", f"v{g}"]
+            ]
+            layer = nn.Linear(16, len(labels) * config.head_dim)
+            config._tp_size = 4
+            for rank in range(4):
+                config._tp_rank = rank
+                split = SPLITS["colwise_qkv_groups"](layer, config, TensorParallel(rank, 4, torch.device("cpu"), None))
+                held = [labels[row // config.head_dim] for start, stop in split.out for row in range(start, stop)]
+                group = rank * kv_heads // 4
+                expected = [f"q{2 * rank}", f"q{2 * rank + 1}", f"k{group}", f"v{group}"]
+                self.assertEqual(held[:: config.head_dim], expected, f"{kv_heads} kv heads, rank {rank}")
+
+    def test_outside_a_distributed_launch(self) -> None:
+        environment = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+        refused = self.assertRaisesRegex(ValueError, r"tp_plan needs a distributed launch \(torchrun")
+        with mock.patch.dict(os.environ, environment, clear=True), refused:
+            AutoModelForCausalLM.from_pretrained(self.tmpdir, tp_plan="auto")
+
+    def test_no_process_group_can_be_formed(self) -> None:
+        """Launch variables torch cannot use, or a rank outside the world (where torch would wait forever)."""
+        launch = dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="not-a-port")
+        cases = [
+            (RuntimeError, r"could not form the gloo process group from .*'MASTER_PORT': 'not-a-port'", launch),
+            (ValueError, r"RANK \(2\) and WORLD_SIZE \(2\) must be integers with 0 <= RANK", {**launch, "RANK": "2"}),
+        ]
+        for error, message, environment in cases:
+            with mock.patch.dict(os.environ, environment), self.assertRaisesRegex(error, message):
+                AutoModelForCausalLM.from_pretrained(self.tmpdir, tp_plan="auto")
+
+    def test_plans_other_than_auto(self) -> None:
+        with self.assertRaisesRegex(NotImplementedError, r"only 'auto'"):
+            AutoModelForCausalLM.from_pretrained(self.tmpdir, tp_plan={"layers.*.mlp.up_proj": "colwise"})
+
+    def test_a_device_map_naming_one_device(self) -> None:
+        with self.assertRaisesRegex(ValueError, r"each rank runs on cuda:LOCAL_RANK"):
+            AutoModelForCausalLM.from_pretrained(self.tmpdir, tp_plan="auto", device_map="cuda:1")
+
+    def test_upstream_distributed_arguments_are_named(self) -> None:
+        for name in ("tp_size", "device_mesh", "distributed_config"):
+            with self.assertRaisesRegex(NotImplementedError, rf"from_pretrained\({name}=...\) is not supported"):
+                AutoModelForCausalLM.from_pretrained(self.tmpdir, **{name: 2})
+
+
+def run_launch(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a launcher in its own process group, killed whole (torchrun and its ranks) if it outlives `timeout`."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+class TensorParallelCommandLineTest(unittest.TestCase):
+    """`torchrun ... -m transformers_static generate` and `bench --tp 2`."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmpdir = tempfile.mkdtemp()
+        save_upstream(
+            cls.tmpdir, "LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, num_attention_heads=4, **LLAMA)
+        )
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+    def test_generate_under_torchrun_prints_once_what_one_process_prints(self) -> None:
+        arguments = ["generate", self.tmpdir, "--input-ids", "5,6,7,8", "--max-new-tokens", "6", "--device", "cpu"]
+        expected = io.StringIO()
+        with contextlib.redirect_stdout(expected), contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(main(arguments), 0)
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD_SIZE}"]
+        done = run_launch([*launch, "-m", "transformers_static", *arguments])
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertEqual(done.stdout, expected.getvalue())  # six ids, once: rank 1 prints nothing
+        self.assertEqual(done.stderr.count("tokens in"), 1, done.stderr)
+
+    def test_bench_reports_tensor_parallel_next_to_one_process(self) -> None:
+        arguments = ["bench", "--preset", "llama-tiny", "--tp", "2", "--no-compile", "--repeats", "1"]
+        arguments += ["--new-tokens", "4", "--out", self.tmpdir]
+        output = io.StringIO()
+        cache = mock.patch.dict(os.environ, {"TRANSFORMERS_STATIC_CACHE": self.tmpdir})
+        with cache, contextlib.redirect_stdout(output), contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(main(arguments), 0)
+        with open(os.path.join(self.tmpdir, "tp_results.json"), encoding="utf-8") as f:
+            rows = {row["variant"]: row for row in json.load(f)["rows"]}
+        self.assertEqual(sorted(rows), ["1 process eager", "tp 2 eager"])
+        self.assertTrue(rows["tp 2 eager"]["tokens_match"])
+        self.assertGreater(rows["tp 2 eager"]["ms_per_token"]["median"], 0)
+        self.assertIn("tp 2 eager", output.getvalue())
