@@ -161,7 +161,7 @@ class OPTVariantsTest(unittest.TestCase):
             for impl, mask in [(i, m) for i in IMPLS for m in (mask_2d, reference_4d(mask_2d, "4d_additive"))]:
                 logits = ours[impl](ids, attention_mask=mask, position_ids=positions(mask_2d)).logits
                 torch.testing.assert_close(logits[real], expected, atol=ATOL, rtol=0)
-            cache, mask = StaticCache(config, 3, 16), reference_4d(mask_2d, "4d_bool", kv_len=16)
+            cache, mask = StaticCache(again.config, 3, 16), reference_4d(mask_2d, "4d_bool", kv_len=16)
             steps = [
                 again(
                     ids[:, t : t + 1],
