@@ -55,8 +55,11 @@ class _AutoModel:
         return cls.model_class(config)(config)
 
     @classmethod
-    def from_pretrained(cls, pretrained_path: str | os.PathLike, **kwargs: Any) -> PreTrainedModel:
-        config = AutoConfig.from_pretrained(pretrained_path)
+    def from_pretrained(
+        cls, pretrained_path: str | os.PathLike, *, config: PretrainedConfig | None = None, **kwargs: Any
+    ) -> PreTrainedModel:
+        """The model class of `config` (default: the checkpoint's config.json), loaded from `pretrained_path`."""
+        config = config or AutoConfig.from_pretrained(pretrained_path)
         return cls.model_class(config).from_pretrained(pretrained_path, config=config, **kwargs)
 
 
