@@ -10,6 +10,7 @@ from typing import Any
 
 GENERATION_CONFIG_NAME = "generation_config.json"
 CACHE_IMPLEMENTATIONS = ("static", "dynamic")
+DEFAULT_MAX_NEW_TOKENS = 20  # upstream's default when neither max_new_tokens nor max_length is set
 
 
 @dataclass
@@ -22,7 +23,7 @@ class GenerationConfig:
     """
 
     max_new_tokens: int | None = None
-    max_length: int = 20
+    max_length: int | None = None  # prompt + new tokens; with neither set, DEFAULT_MAX_NEW_TOKENS new tokens
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int | None = 50
@@ -45,7 +46,7 @@ class GenerationConfig:
                 f"cache_implementation must be one of {CACHE_IMPLEMENTATIONS}, got {self.cache_implementation!r}"
             )
         for name in ("prefill_chunk_size", "cache_bucket_size", "max_length"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
@@ -53,6 +54,16 @@ class GenerationConfig:
             raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def new_tokens(self, prompt_len: int, max_positions: int | None) -> int:
+        """How many tokens to generate, as upstream decides: `max_new_tokens`, else `max_length` less the prompt,
+        else DEFAULT_MAX_NEW_TOKENS, kept within `max_positions` (the config's max_position_embeddings)."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        if self.max_length is not None:
+            return max(self.max_length - prompt_len, 1)
+        room = DEFAULT_MAX_NEW_TOKENS if max_positions is None else max_positions - prompt_len
+        return max(min(DEFAULT_MAX_NEW_TOKENS, room), 1)
 
     @property
     def eos_token_ids(self) -> list[int]:

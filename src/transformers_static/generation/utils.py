@@ -82,7 +82,7 @@ class GenerationMixin:
         """
         config = self._generation_config(generation_config, kwargs)
         attention_mask = self._prompt_mask(input_ids, attention_mask, config)
-        max_new_tokens = config.max_new_tokens or max(config.max_length - input_ids.shape[1], 1)
+        max_new_tokens = config.new_tokens(input_ids.shape[1], getattr(self.config, "max_position_embeddings", None))
         self._check_position_table(attention_mask, max_new_tokens)
         if config.cache_implementation == "static":
             session, logits = self._prefill_static(input_ids, attention_mask, config, max_new_tokens, past_key_values)
