@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: install demo test quality style repo-consistency fix-copies
+.PHONY: install demo test mutation quality style repo-consistency fix-copies
 
 install:
 	test -x $(PY) || python3 -m venv .venv
@@ -16,6 +16,10 @@ demo:
 
 test:
 	$(PY) -m pytest -q
+
+# Each curated single-bug mutant of src/ must fail the tests selected for it (utils/mutation.py).
+mutation:
+	$(PY) utils/mutation.py
 
 quality: repo-consistency
 	$(PY) -m ruff check .

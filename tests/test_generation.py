@@ -170,7 +170,9 @@ def test_eos_lists_match_upstream(checkpoints: dict[str, Checkpoint], cache_impl
 
 
 @pytest.mark.parametrize(
-    ("arch", "length", "kwargs"), [("llama", 10, dict(max_length=15)), ("llama", 10, {}), ("gpt2", 50, {})]
+    ("arch", "length", "kwargs"),
+    [("llama", 10, dict(max_length=15)), ("llama", 10, {}), ("gpt2", 50, {})],
+    ids=["max_length", "default", "default_within_the_position_table"],
 )
 def test_max_length_and_the_default_length_match_upstream(
     checkpoints: dict[str, Checkpoint], arch: str, length: int, kwargs: dict
