@@ -98,6 +98,7 @@ MUTANTS = (
         "        key_positions.index_copy_(1, cache_position, position_ids)\n"
         "        return torch.arange(key_positions.shape[1]).expand_as(key_positions)\n",
         BLOOM + "BloomParityTest::test_static_cache_with_gaps_between_key_slots_matches_upstream",
+        FALCON_ALIBI + "test_static_cache_with_gaps_between_key_slots_matches_upstream",
     ),
     mutant(
         "sliding-window-off-by-one",

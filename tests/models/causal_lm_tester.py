@@ -33,8 +33,9 @@ MATRIX = [(impl, pad, kind) for impl in IMPLS for pad in PADDINGS for kind in MA
 SEQ_LEN = 9
 # Longer than one prefill chunk (32, GenerationConfig's default), left-padded so chunk borders fall inside the prompt.
 LONG_PROMPT_LEN, LONG_PROMPT_PADS = 40, (0, 5, 13)
-# Half precision: ours may be at most this many times as far from the float32 answer as upstream in the same dtype.
-HALF_SLACK = 2.0
+# Half precision: ours may be at most this many times as far from the float32 answer as upstream in the same dtype
+# (measured: most models are bitwise equal to upstream, the others at most 1.4x; a real bug is far beyond).
+HALF_SLACK = 3.0
 
 
 def cell_name(func: Callable, index: int, param: Any) -> str:
