@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: install demo test stage quality style repo-consistency fix-copies
+.PHONY: install demo test mutation stage quality style repo-consistency fix-copies
 
 install:
 	test -x $(PY) || python3 -m venv .venv
@@ -18,6 +18,10 @@ demo:
 
 test:
 	$(PY) -m pytest -q
+
+# Each curated single-bug mutant of src/ must fail the tests selected for it (utils/mutation.py).
+mutation:
+	$(PY) utils/mutation.py
 
 # Each upstream/<name>/ PR: its test fails on the pinned upstream, its patch applies, its test then passes.
 stage:

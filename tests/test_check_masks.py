@@ -183,11 +183,22 @@ def write(root: Path, rel: str, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+PARITY_TEST = """\
+import unittest
+
+from ..causal_lm_tester import CausalLMParityTests
+
+
+class ParityTest(CausalLMParityTests, unittest.TestCase):
+    pass
+"""
+
+
 def add_arch(root: Path, arch: str, modeling: str, tests: bool = True) -> None:
     write(root, f"{MODELS}/{arch}/__init__.py", "")
     write(root, f"{MODELS}/{arch}/modeling_{arch}.py", modeling)
     if tests:
-        write(root, f"tests/models/{arch}/test_modeling_{arch}.py", "def test_nothing():\n    pass\n")
+        write(root, f"tests/models/{arch}/test_modeling_{arch}.py", PARITY_TEST)
 
 
 @pytest.fixture
@@ -489,15 +500,56 @@ def test_attention_without_attention_mask(repo: Path) -> None:
 # ----------------------------------------------------------------------------------------------- registration
 
 
-def test_architecture_without_tests_is_caught(repo: Path) -> None:
-    add_arch(repo, "gpt2", "class GPT2Model:\n    pass\n", tests=False)
+def register_gpt2(repo: Path) -> None:
     edit(repo, f"{MODELS}/auto/configuration_auto.py", "}", '    "gpt2": "GPT2Config",\n}')
     edit(repo, f"{MODELS}/auto/modeling_auto.py", "}", '    "gpt2": "GPT2LMHeadModel",\n}')
+
+
+def test_architecture_without_tests_is_caught(repo: Path) -> None:
+    add_arch(repo, "gpt2", "class GPT2Model:\n    pass\n", tests=False)
+    register_gpt2(repo)
     result = run_checker(repo)
     assert result.returncode == 1
     expected = f"{MODELS}/gpt2: gpt2 has no tests/models/gpt2/test_modeling_gpt2.py (rule: tests)"
     assert expected in result.stdout
     assert "registration" not in result.stdout
+
+
+def test_test_module_without_a_parity_class_is_caught(repo: Path) -> None:
+    add_arch(repo, "gpt2", "class GPT2Model:\n    pass\n")
+    register_gpt2(repo)
+    test = "tests/models/gpt2/test_modeling_gpt2.py"
+    write(
+        repo,
+        test,
+        "import unittest\n\n\nclass GPT2Test(unittest.TestCase):\n    def test_nothing(self):\n        pass\n",
+    )
+    result = run_checker(repo)
+    assert result.returncode == 1
+    assert f"{test}:1: {test} defines no test class derived from CausalLMParityTests (rule: tests)" in result.stdout
+
+
+INDIRECT_PARITY_TEST = """\
+import unittest
+
+from .. import causal_lm_tester
+
+
+class GPT2Mixin(causal_lm_tester.CausalLMParityTests):
+    pass
+
+
+class GPT2Test(GPT2Mixin, unittest.TestCase):
+    pass
+"""
+
+
+def test_parity_class_through_a_local_base_is_accepted(repo: Path) -> None:
+    add_arch(repo, "gpt2", "class GPT2Model:\n    pass\n")
+    register_gpt2(repo)
+    write(repo, "tests/models/gpt2/test_modeling_gpt2.py", INDIRECT_PARITY_TEST)
+    result = run_checker(repo)
+    assert result.returncode == 0, result.stdout
 
 
 def test_unregistered_architecture_is_caught(repo: Path) -> None:

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import tokenizers
 import torch
+import transformers
 
 from transformers_static import AutoModelForCausalLM
 from transformers_static.bench.presets import CACHE_ENV, DEFAULT_PRESET, build_preset_model, get_preset, preset_path
@@ -158,6 +160,31 @@ def test_generate_streams_what_model_generate_returns(capsys: pytest.CaptureFixt
     assert "tokens/s" in err and "compiled graphs: 0" in err
 
 
+def test_generate_compile_runs_a_compiled_decode_step(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--compile reaches generate(compile=True): the decode step is one graph traced by dynamo (here on the eager
+    backend: the inductor run is test_generation's), and the tokens are eager generate's."""
+    real_compile = torch.compile
+
+    def traced_on_eager_backend(fn, **kwargs):
+        assert kwargs.get("fullgraph") and kwargs.get("dynamic") is False, kwargs
+        return real_compile(fn, backend="eager", fullgraph=True, dynamic=False)
+
+    monkeypatch.setattr(torch, "compile", traced_on_eager_backend)
+    torch._dynamo.reset()
+    try:
+        argv = ["generate", "--preset", "llama-tiny", "--input-ids", "5,6,7", "--max-new-tokens", "6", "--compile"]
+        code, out, err = run_cli(capsys, *argv)
+    finally:
+        torch._dynamo.reset()
+    assert code == 0
+    model = AutoModelForCausalLM.from_pretrained(preset_path("llama-tiny"))
+    expected = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6)[0, 3:].tolist()
+    assert [int(token) for token in out.split()] == expected
+    assert "compiled graphs: 1" in err and "(compilation included)" in err
+
+
 def test_generate_sampling_is_seeded(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["generate", "--preset", "gpt2-tiny", "--input-ids", "1,2", "--max-new-tokens", "8", "--sample"]
     outs = [run_cli(capsys, *argv, "--seed", seed)[1] for seed in ("3", "3", "4")]
@@ -166,7 +193,6 @@ def test_generate_sampling_is_seeded(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_generate_prompt_through_tokenizer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
     shutil.copytree(preset_path("llama-tiny"), tmp_path, dirs_exist_ok=True)
     words = {f"w{i}": i for i in range(1000)}
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="w0"))
@@ -191,9 +217,11 @@ def test_bench_writes_results_and_plot(capsys: pytest.CaptureFixture[str], tmp_p
     (scenario,) = results["scenarios"]
     assert scenario["label"] == "llama-tiny b1 p16"
     assert scenario["floor_ms_per_token"] > 0 and scenario["decode_weight_bytes"] > 0
+    # upstream transformers is a test dependency: its tokens are the reference ours must match
+    assert results["versions"]["transformers"] == transformers.__version__
+    assert scenario["reference"] == "upstream-eager"
     rows = {row["variant"]: row for row in scenario["results"]}
-    upstream = results["versions"]["transformers"] is not None
-    assert set(rows) == ({"upstream-eager", "ours-eager"} if upstream else {"ours-eager"})
+    assert set(rows) == {"upstream-eager", "ours-eager"}
     for row in rows.values():
         assert row["available"] and row["tokens_match_reference"]
         assert row["graphs_compiled"] == 0 and len(row["runs_ms_per_token"]) == 1

@@ -1,6 +1,7 @@
 """Configs and checkpoints: what loads, what is refused, and the errors raised before any state changes."""
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +20,8 @@ from transformers_static import (
     StaticCache,
 )
 
+from .models.causal_lm_tester import perturb
+
 TINY = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
@@ -26,7 +29,8 @@ TINY = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_atten
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
     torch.manual_seed(0)
     path = str(tmp_path_factory.mktemp("llama"))
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=64, **TINY)).save_pretrained(path)
+    upstream = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=64, **TINY))
+    perturb(upstream, 0.1).save_pretrained(path)
     return path
 
 
@@ -82,6 +86,42 @@ def test_missing_weight_is_an_error(checkpoint: str, tmp_path) -> None:
     save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing 1 weight\(s\).*model.layers.1.mlp.up_proj.weight"):
         LlamaForCausalLM.from_pretrained(path)
+
+
+def test_unexpected_weights_are_named_in_a_warning_and_skipped(
+    checkpoint: str, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = copy_checkpoint(checkpoint, str(tmp_path / "ckpt"))
+    weights = load_file(os.path.join(path, "model.safetensors"))
+    weights["model.layers.0.mlp.extra_proj.weight"] = torch.ones(3, 2)
+    save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING):
+        ours = LlamaForCausalLM.from_pretrained(path)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("unexpected" in m.lower() and "model.layers.0.mlp.extra_proj.weight" in m for m in warnings), warnings
+    upstream = transformers.LlamaForCausalLM.from_pretrained(path).eval()  # upstream skips it too
+    ids = torch.arange(7)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, upstream(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_auto_from_pretrained_takes_a_config_as_upstream(checkpoint: str) -> None:
+    """A config given to the Auto class replaces the checkpoint's (here another rope_theta), as upstream's does."""
+    ours_config, theirs_config = (
+        AutoConfig.from_pretrained(checkpoint),
+        transformers.AutoConfig.from_pretrained(checkpoint),
+    )
+    for config in (ours_config, theirs_config):
+        config.rope_parameters["rope_theta"] = 50.0
+    ours = AutoModelForCausalLM.from_pretrained(checkpoint, config=ours_config)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=theirs_config).eval()
+    default = AutoModelForCausalLM.from_pretrained(checkpoint)
+    ids = torch.arange(7)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, atol=1e-5, rtol=0)
+        assert (ours(ids).logits - default(ids).logits).abs().max() > 1e-2
 
 
 def test_shape_mismatch_is_an_error(checkpoint: str, tmp_path) -> None:

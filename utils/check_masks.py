@@ -20,7 +20,8 @@ Rules:
   no-mask-in-models    models/*/modeling_*.py never build masks (tril/triu, finfo(...).min, masked_fill on a
                        mask, private AttentionMaskConverter attributes).
   registration, tests  every models/<arch>/ is a key of CONFIG_MAPPING_NAMES and MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-                       and has tests/models/<arch>/test_modeling_<arch>.py.
+                       and has tests/models/<arch>/test_modeling_<arch>.py defining a class derived (directly or
+                       through a class of that file) from CausalLMParityTests, the upstream parity suite.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ MAPPINGS = (
     ("configuration_auto.py", "CONFIG_MAPPING_NAMES"),
     ("modeling_auto.py", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
 )
+PARITY_BASE = "CausalLMParityTests"
 
 
 @dataclass(frozen=True, order=True)
@@ -518,6 +520,25 @@ def check_registration(root: Path, loader: Loader, archs: list[str]) -> Iterator
         if not (root / test).is_file():
             message, hint = f"{arch} has no {test}", f"add {test} (e.g. starting from tests/models/llama)"
             yield Problem(f"src/{PKG}/models/{arch}", 0, "tests", message, hint=hint)
+            continue
+        mod = loader.load(root / test)
+        if mod is not None and not parity_classes(mod):
+            message = f"{test} defines no test class derived from {PARITY_BASE}"
+            hint = f"subclass {PARITY_BASE} (tests/models/causal_lm_tester.py) with unittest.TestCase for {arch}"
+            yield Problem(test, 1, "tests", message, hint=hint)
+
+
+def parity_classes(mod: Module) -> list[str]:
+    """Module-level classes derived from PARITY_BASE, directly or through classes defined before them."""
+    known, found = {PARITY_BASE}, []
+    for node in mod.tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", None) for b in node.bases}
+        if bases & known:
+            known.add(node.name)
+            found.append(node.name)
+    return found
 
 
 # ----------------------------------------------------------------------------------------------- main

@@ -12,7 +12,7 @@ from transformers_static import AutoModelForCausalLM, StaticCache
 from transformers_static.models.bloom.configuration_bloom import BloomConfig
 from transformers_static.models.bloom.modeling_bloom import BloomForCausalLM, alibi_slopes
 
-from ..causal_lm_tester import ATOL, IMPLS, CausalLMParityTests, padding_mask, positions, reference_4d
+from ..causal_lm_tester import ATOL, IMPLS, CausalLMParityTests, padding_mask, perturb, positions, reference_4d
 
 
 class BloomParityTest(CausalLMParityTests, unittest.TestCase):
@@ -55,10 +55,9 @@ class BloomBeyondUpstreamTest(unittest.TestCase):
         cls.upstream, cls.models = {}, {}
         for name, kwargs in STRONG_CONFIGS.items():
             torch.manual_seed(0)
-            upstream = transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=99, **kwargs)).eval()
-            with torch.no_grad():
-                for param in upstream.parameters():
-                    param.add_(torch.randn_like(param) * 0.3)
+            upstream = perturb(
+                transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=99, **kwargs)).eval(), 0.3
+            )
             upstream.save_pretrained(f"{cls.tmpdir}/{name}")
             cls.upstream[name] = upstream
             for impl in IMPLS:
@@ -79,11 +78,17 @@ class BloomBeyondUpstreamTest(unittest.TestCase):
         for num_heads in [*range(1, 34), 48, 64, 112]:
             torch.testing.assert_close(alibi_slopes(num_heads), _get_alibi_slopes(num_heads, "cpu"), rtol=0, atol=0)
 
-    def test_upstream_refuses_4d_masks(self) -> None:
-        """Why the reference for our 4D masks is upstream's answer to the equivalent 2D mask."""
-        mask = reference_4d(padding_mask(LEFT_PADS, SEQ_LEN), "4d_bool")
+    def test_4d_mask_that_upstream_refuses_gives_its_2d_answer(self) -> None:
+        """Upstream raises on a 4D mask (so the reference for ours is upstream's answer to the equivalent 2D
+        mask); ours takes it and gives that answer."""
+        mask_2d = padding_mask(LEFT_PADS, SEQ_LEN)
+        mask = reference_4d(mask_2d, "4d_bool")
         with self.assertRaises(ValueError), torch.no_grad():
             self.upstream["three_heads"](self.input_ids, attention_mask=mask)
+        with torch.no_grad():
+            logits = self.models["three_heads", "sdpa"](self.input_ids, attention_mask=mask).logits
+        expected, real = self.upstream_logits("three_heads", self.input_ids, mask_2d), mask_2d.bool()
+        torch.testing.assert_close(logits[real], expected[real], atol=ATOL, rtol=0)
 
     @parameterized.expand(
         [(name, impl, kind) for name in STRONG_CONFIGS for impl in IMPLS for kind in ("2d", "4d_bool", "4d_additive")]

@@ -13,7 +13,7 @@ from transformers_static import AutoModelForCausalLM, StaticCache
 from transformers_static.models.falcon.configuration_falcon import FalconConfig
 from transformers_static.models.falcon.modeling_falcon import alibi_slopes, build_alibi_bias
 
-from ..causal_lm_tester import ATOL, IMPLS, CausalLMParityTests, padding_mask, positions, reference_4d
+from ..causal_lm_tester import ATOL, IMPLS, CausalLMParityTests, padding_mask, perturb, positions, reference_4d
 
 # Upstream Falcon ignores `set_attn_implementation` (it warns and keeps sdpa), so the harness's reference is
 # always upstream's sdpa answer. That is the one to match: upstream's eager ALiBi path adds the bias twice (once
@@ -106,10 +106,7 @@ class FalconBeyondUpstreamTest(unittest.TestCase):
         for name, kwargs in STRONG_CONFIGS.items():
             torch.manual_seed(0)
             config = transformers.FalconConfig(vocab_size=99, num_hidden_layers=2, **kwargs)
-            upstream = transformers.FalconForCausalLM(config).eval()
-            with torch.no_grad():
-                for param in upstream.parameters():
-                    param.add_(torch.randn_like(param) * 0.3)
+            upstream = perturb(transformers.FalconForCausalLM(config).eval(), 0.3)
             upstream.save_pretrained(f"{cls.tmpdir}/{name}")
             cls.upstream[name] = upstream
             for impl in IMPLS:
@@ -136,14 +133,22 @@ class FalconBeyondUpstreamTest(unittest.TestCase):
                 ours = build_alibi_bias(positions(mask_2d), alibi_slopes(num_heads), 64, dtype)
                 torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=f"{num_heads} heads, {dtype}")
 
-    def test_upstream_refuses_what_ours_takes(self) -> None:
-        """Why the references here are upstream's answers to 2D masks, without a static cache."""
-        upstream = self.upstream["alibi_multi_query"]
-        mask = reference_4d(padding_mask(LEFT_PADS, SEQ_LEN), "4d_bool")
+    def test_static_generate_that_upstream_refuses_gives_its_dynamic_tokens(self) -> None:
+        """Upstream Falcon-ALiBi refuses 4D masks and static-cache generation (so the references here are its
+        answers to 2D masks, without a static cache); ours generates on a static cache (4D masks inside) the
+        tokens upstream generates on its dynamic cache."""
+        name = "alibi_multi_query"
+        upstream, mask_2d = self.upstream[name], padding_mask(LEFT_PADS, SEQ_LEN)
         with self.assertRaises(ValueError), torch.no_grad():
-            upstream(self.input_ids, attention_mask=mask)
+            upstream(self.input_ids, attention_mask=reference_4d(mask_2d, "4d_bool"))
         with self.assertRaises(RuntimeError):
             upstream.generate(self.input_ids, max_new_tokens=2, do_sample=False, cache_implementation="static")
+        ids = self.input_ids.masked_fill(mask_2d == 0, 0)
+        expected = upstream.generate(
+            ids, attention_mask=mask_2d, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        ours = self.models[name, "sdpa"].generate(ids, attention_mask=mask_2d, max_new_tokens=8, eos_token_id=None)
+        torch.testing.assert_close(ours, expected, rtol=0, atol=0)
 
     @parameterized.expand(
         [(name, impl, kind) for name in STRONG_CONFIGS for impl in IMPLS for kind in ("2d", "4d_bool", "4d_additive")]

@@ -1,5 +1,3 @@
-import json
-import os
 import tempfile
 import unittest
 
@@ -8,7 +6,7 @@ import transformers
 
 from transformers_static import AutoConfig, AutoModelForCausalLM
 
-from ..causal_lm_tester import CausalLMParityTests, padding_mask
+from ..causal_lm_tester import CausalLMParityTests
 
 
 class GPTNeoXParityTest(CausalLMParityTests, unittest.TestCase):
@@ -101,27 +99,3 @@ class GPTNeoXCheckpointFormatTest(unittest.TestCase):
         ours = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt_neox", **sizes)).eval()
         ours.load_checkpoint_state_dict(upstream.state_dict())  # keys as upstream holds them: `lm_head.weight`
         torch.testing.assert_close(ours.embed_out.weight, upstream.lm_head.weight, atol=0, rtol=0)
-
-
-class GPTNeoXHalfPrecisionTest(unittest.TestCase):
-    """bf16 with left padding: the padded rows stay finite and the real tokens agree with fp32."""
-
-    def test_bf16_left_padding_is_finite(self) -> None:
-        torch.manual_seed(0)
-        config = transformers.GPTNeoXConfig(
-            vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2
-        )
-        with tempfile.TemporaryDirectory() as path:
-            transformers.GPTNeoXForCausalLM(config).save_pretrained(path)
-            with open(os.path.join(path, "config.json")) as f:
-                self.assertIn("partial_rotary_factor", json.load(f)["rope_parameters"])
-            models = {
-                dtype: AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
-                for dtype in (torch.float32, torch.bfloat16)
-            }
-        ids, mask = torch.randint(0, 99, (2, 8)), padding_mask([0, 5], 8)
-        with torch.no_grad():
-            logits = {dtype: m(ids, attention_mask=mask).logits.float() for dtype, m in models.items()}
-        self.assertTrue(torch.isfinite(logits[torch.bfloat16]).all())
-        real = mask.bool()
-        torch.testing.assert_close(logits[torch.bfloat16][real], logits[torch.float32][real], atol=0.1, rtol=0.05)

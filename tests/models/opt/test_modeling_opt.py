@@ -13,6 +13,7 @@ from ..causal_lm_tester import (
     SEQ_LEN,
     CausalLMParityTests,
     padding_mask,
+    perturb,
     positions,
     reference_4d,
 )
@@ -146,7 +147,7 @@ class OPTVariantsTest(unittest.TestCase):
             max_position_embeddings=64,
             **VARIANTS[variant],
         )
-        upstream = transformers.OPTForCausalLM(config).eval()
+        upstream = perturb(transformers.OPTForCausalLM(config).eval(), 0.1)
         ids, mask_2d = torch.randint(3, 99, (3, SEQ_LEN)), padding_mask([0, 2, 5], SEQ_LEN)
         with tempfile.TemporaryDirectory() as src, tempfile.TemporaryDirectory() as out:
             upstream.save_pretrained(src)

@@ -1,0 +1,438 @@
+"""Mutation check: every curated single-bug mutant of src/ must make the tests selected for it fail.
+
+Usage:
+    python utils/mutation.py                 baseline, then every mutant (2 at a time); exit 1 unless all caught
+    python utils/mutation.py --only NAME ..  just those mutants (and the baseline of their tests)
+    python utils/mutation.py --list          the mutants and their tests
+
+A mutant is a realistic bug: edits (file under src/transformers_static, an exact snippet of it, its replacement)
+and the tests that must catch it. Each runs on a scratch copy of src/: the snippet must occur exactly once, else
+the mutant "no longer applies" and that is a failure too (a refactor moved the code: update the mutant, don't drop
+it). Its tests then run in a subprocess (pytest -x, PYTHONPATH = the scratch src, a timeout) and must fail. First,
+the baseline: every selected test passes on an unmutated copy (so a mutant's failure is its own) and the copy is
+what the tests import. New features add their own mutants here. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = "transformers_static"
+TIMEOUT_S = 240
+JOBS = 2  # the CI machine has 2 cores
+PYTEST = ("-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
+CAUGHT_CODES = (1, 2)  # tests failed / errored; 4 (unknown node id) and 5 (nothing collected) are not a catch
+
+GEN, MASKS, CACHE, ATTN = "generation/utils.py", "modeling_attn_mask_utils.py", "cache_utils.py", "attention_utils.py"
+SAMPLER, MODELING, GEN_CONFIG = (
+    "generation/logits_process.py",
+    "modeling_utils.py",
+    "generation/configuration_utils.py",
+)
+LLAMA = "tests/models/llama/test_modeling_llama.py::LlamaParityTest::"
+LLAMA_TIED = "tests/models/llama/test_modeling_llama.py::LlamaTiedLlama3RopeParityTest::"
+GPT2 = "tests/models/gpt2/test_modeling_gpt2.py::GPT2ParityTest::"
+BLOOM = "tests/models/bloom/test_modeling_bloom.py::"
+FALCON_ALIBI = "tests/models/falcon/test_modeling_falcon.py::FalconAlibiMultiQueryParityTest::"
+NEOX_TIED = "tests/models/gpt_neox/test_modeling_gpt_neox.py::GPTNeoXSequentialTiedParityTest::"
+GEMMA2 = "tests/models/gemma2/test_modeling_gemma2.py::Gemma2ParityTest::"
+MISTRAL = "tests/models/mistral/test_modeling_mistral.py::MistralParityTest::"
+GENERATION = "tests/test_generation.py::"
+
+
+@dataclass(frozen=True)
+class Edit:
+    file: str  # under src/transformers_static
+    original: str  # must occur exactly once
+    replacement: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    edits: tuple[Edit, ...]
+    tests: tuple[str, ...]  # pytest node ids that must fail
+
+
+def mutant(name: str, file: str, original: str, replacement: str, *tests: str) -> Mutant:
+    return Mutant(name, (Edit(file, original, replacement),), tests)
+
+
+MUTANTS = (
+    # --- the issue's ten
+    mutant(
+        "prefill-chunks-reuse-first-positions",
+        GEN,
+        "position_ids=positions[:, start : start + chunk].contiguous(),",
+        "position_ids=positions[:, :chunk].contiguous(),",
+        LLAMA + "test_prompt_longer_than_a_prefill_chunk_matches_upstream",
+    ),
+    mutant(
+        "sampler-race-argmax-p-times-e",
+        SAMPLER,
+        "return (probs / noise).argmax(dim=-1)",
+        "return (probs * noise).argmax(dim=-1)",
+        GENERATION + "test_sampler_draws_from_the_distribution_it_is_given",
+    ),
+    mutant(
+        "eos-list-first-id-only",
+        GEN,
+        "eos = torch.tensor(config.eos_token_ids, device",
+        "eos = torch.tensor(config.eos_token_ids[:1], device",
+        GENERATION + "test_eos_lists_match_upstream[static]",
+    ),
+    mutant(
+        "alibi-from-cache-slot-indices",
+        CACHE,
+        "        key_positions.index_copy_(1, cache_position, position_ids)\n        return key_positions\n",
+        "        key_positions.index_copy_(1, cache_position, position_ids)\n"
+        "        return torch.arange(key_positions.shape[1]).expand_as(key_positions)\n",
+        BLOOM + "BloomParityTest::test_static_cache_with_gaps_between_key_slots_matches_upstream",
+        FALCON_ALIBI + "test_static_cache_with_gaps_between_key_slots_matches_upstream",
+    ),
+    mutant(
+        "sliding-window-off-by-one",
+        MASKS,
+        "mask = mask & (kv_idx > q_idx - self.sliding_window)",
+        "mask = mask & (kv_idx >= q_idx - self.sliding_window)",
+        MISTRAL + "test_logits_match_upstream_sdpa_no_padding_2d",
+    ),
+    mutant(
+        "rope-theta-ignored",
+        "modeling_rope_utils.py",
+        'base = float(rope_parameters["rope_theta"])',
+        "base = 10000.0",
+        NEOX_TIED + "test_logits_match_upstream_sdpa_no_padding_2d",
+    ),
+    mutant(
+        "eager-adds-bool-mask-as-0-1",
+        ATTN,
+        "            scores = scores.masked_fill(~attention_mask, lowest)",
+        "            scores = scores + attention_mask.float()",
+        LLAMA + "test_logits_match_upstream_eager_left_padding_4d_bool",
+    ),
+    Mutant(
+        "static-cache-writes-at-position-plus-1",
+        (
+            Edit(CACHE, "keys.index_copy_(2, cache_position, ", "keys.index_copy_(2, cache_position + 1, "),
+            Edit(CACHE, "values.index_copy_(2, cache_position, ", "values.index_copy_(2, cache_position + 1, "),
+        ),
+        (LLAMA + "test_greedy_generate_matches_upstream_static",),
+    ),
+    Mutant(
+        "prefill-without-chunk-padding",
+        (
+            Edit(GEN, "padded_len = math.ceil(prompt_len / chunk) * chunk", "padded_len = prompt_len"),
+            Edit(
+                GEN,
+                "cache_position = torch.arange(start, start + chunk, device=ids.device)",
+                "cache_position = torch.arange(start, min(start + chunk, padded_len), device=ids.device)",
+            ),
+        ),
+        (LLAMA + "test_static_generate_compiles_two_graphs_then_none",),
+    ),
+    mutant(
+        "no-stop-when-every-row-finished",
+        GEN,
+        "if step == max_new_tokens - 1 or (eos.numel() and bool(finished.all())):",
+        "if step == max_new_tokens - 1:",
+        GENERATION + "test_eos_lists_match_upstream[static]",
+    ),
+    # --- generation
+    mutant(
+        "finished-rows-not-padded",
+        GEN,
+        "token = picked.masked_fill(finished, config.pad_token_id)",
+        "token = picked",
+        LLAMA + "test_greedy_generate_matches_upstream_static",
+    ),
+    mutant(
+        "generate-positions-ignore-padding",
+        GEN,
+        "positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [batch, padded_len]",
+        "positions = torch.arange(padded_len).expand(batch, padded_len)",
+        GPT2 + "test_greedy_generate_matches_upstream_static",
+    ),
+    mutant(
+        "chunk-padding-attended",
+        GEN,
+        "prompt_mask = torch.nn.functional.pad(attention_mask, (pad, 0), value=0)",
+        "prompt_mask = torch.nn.functional.pad(attention_mask, (pad, 0), value=1)",
+        LLAMA + "test_greedy_generate_matches_upstream_static",
+    ),
+    mutant(
+        "decode-positions-not-advanced",
+        GEN,
+        "        session.position_ids.add_(1)\n",
+        "",
+        LLAMA + "test_greedy_generate_matches_upstream_static",
+    ),
+    mutant(
+        "cache-bucket-reused-across-batch-sizes",
+        GEN,
+        "key = (batch, capacity, self.dtype, self.device)",
+        "key = (capacity, self.dtype, self.device)",
+        GENERATION + "test_chunk_and_bucket_sizes_batch_changes_and_bucket_crossing_match_upstream[llama]",
+    ),
+    mutant(
+        "default-length-counts-the-prompt",
+        GEN_CONFIG,
+        "return max(min(DEFAULT_MAX_NEW_TOKENS, room), 1)",
+        "return max(DEFAULT_MAX_NEW_TOKENS - prompt_len, 1)",
+        GENERATION + "test_max_length_and_the_default_length_match_upstream[default]",
+    ),
+    Mutant(
+        "temperature-after-top-p",
+        (
+            Edit(SAMPLER, "    logits = logits / config.temperature\n", ""),
+            Edit(SAMPLER, "    return logits\n", "    return logits / config.temperature\n"),
+        ),
+        (GENERATION + "test_logit_filters_match_upstream_warpers[1.3-10-0.5]",),
+    ),
+    mutant(
+        "top-k-drops-the-kth-token",
+        SAMPLER,
+        'logits.masked_fill(logits < kth, -float("inf"))',
+        'logits.masked_fill(logits <= kth, -float("inf"))',
+        GENERATION + "test_logit_filters_match_upstream_warpers[0.7-5-1.0]",
+    ),
+    # --- masks, attention, caches
+    mutant(
+        "decode-window-closes-the-wrong-slot",
+        MASKS,
+        "leaving = torch.remainder(cache_position - self.sliding_window, max_cache_len)",
+        "leaving = torch.remainder(cache_position - self.sliding_window - 1, max_cache_len)",
+        MISTRAL + "test_greedy_generate_matches_upstream_static",
+    ),
+    mutant(
+        "positions-from-2d-mask-ignore-padding",
+        MASKS,
+        "positions = padding_mask.long().cumsum(-1) - 1  # [batch, kv_len]",
+        "positions = torch.arange(padding_mask.shape[-1]).expand(padding_mask.shape)",
+        GPT2 + "test_logits_match_upstream_sdpa_left_padding_2d",
+    ),
+    Mutant(
+        "soft-cap-after-the-mask",
+        (
+            Edit(ATTN, "    if softcap is not None:\n        scores = soft_cap(scores, softcap)\n", ""),
+            Edit(
+                ATTN,
+                "            scores = (scores + attention_mask.float()).clamp(min=lowest)\n",
+                "            scores = (scores + attention_mask.float()).clamp(min=lowest)\n"
+                "    if softcap is not None:\n        scores = soft_cap(scores, softcap)\n",
+            ),
+        ),
+        (GEMMA2 + "test_logits_match_upstream_eager_left_padding_2d",),
+    ),
+    mutant(
+        "gqa-queries-grouped-round-robin",
+        ATTN,
+        "return query.reshape(batch, kv_heads, heads // kv_heads * q_len, head_dim)",
+        "return query.reshape(batch, heads // kv_heads, kv_heads, q_len, head_dim).transpose(1, 2)"
+        ".reshape(batch, kv_heads, heads // kv_heads * q_len, head_dim)",
+        LLAMA + "test_logits_match_upstream_sdpa_no_padding_2d",
+    ),
+    mutant(
+        "cache-overflow-check-off-by-one",
+        CACHE,
+        "int(cache_position.max()) >= self.max_cache_len:",
+        "int(cache_position.max()) > self.max_cache_len:",
+        "tests/test_cache_utils.py::test_static_cache_overflow_and_batch_errors",
+    ),
+    mutant(
+        "alibi-extra-head-slopes-even-powers",
+        "models/bloom/modeling_bloom.py",
+        "extra_powers = torch.arange(1, 2 * (num_heads - closest), 2, dtype=torch.int32, device=device)",
+        "extra_powers = torch.arange(2, 2 * (num_heads - closest) + 1, 2, dtype=torch.int32, device=device)",
+        BLOOM + "BloomThreeHeadPostLayerNormParityTest::test_logits_match_upstream_sdpa_no_padding_2d",
+    ),
+    mutant(
+        "alibi-mask-lowest-of-float32-in-half",
+        MASKS,
+        "lowest = torch.finfo(dtype).min\n        if mask.dtype == torch.bool:",
+        "lowest = torch.finfo(torch.float32).min\n        if mask.dtype == torch.bool:",
+        BLOOM + "BloomParityTest::test_half_precision_matches_upstream_float16",
+    ),
+    mutant(
+        "rope-linear-scaling-inverted",
+        "modeling_rope_utils.py",
+        'inv_freq = inv_freq / float(rope_parameters["factor"])',
+        'inv_freq = inv_freq * float(rope_parameters["factor"])',
+        NEOX_TIED + "test_logits_match_upstream_sdpa_no_padding_2d",
+    ),
+    # --- model head, loading, saving, training
+    mutant(
+        "logits-to-keep-takes-the-first-positions",
+        MODELING,
+        "self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:])",
+        "self.lm_head(outputs.last_hidden_state[:, : logits_to_keep or None])",
+        LLAMA + "test_greedy_generate_matches_upstream_static",
+    ),
+    mutant(
+        "use-cache-argument-ignored",
+        MODELING,
+        "use_cache = self.config.use_cache if use_cache is None else use_cache",
+        "use_cache = self.config.use_cache",
+        LLAMA + "test_inputs_embeds_and_use_cache_false_match_upstream",
+    ),
+    mutant(
+        "loss-ignores-ignore-index",
+        MODELING,
+        "F.cross_entropy(shifted, targets, ignore_index=-100)",
+        "F.cross_entropy(shifted, targets.clamp(min=0))",
+        LLAMA + "test_training_loss_and_gradients_match_upstream",
+    ),
+    mutant(
+        "tied-head-is-a-copy",
+        MODELING,
+        "setattr(self.get_submodule(module_path), name, self.get_parameter(source))",
+        "setattr(self.get_submodule(module_path), name, nn.Parameter(self.get_parameter(source).detach().clone()))",
+        LLAMA_TIED + "test_weights_and_tying_match_upstream",
+    ),
+    mutant(
+        "unexpected-weights-dropped-silently",
+        MODELING,
+        'logger.warning("Ignoring %d unexpected weight(s) in the checkpoint: %s", len(unexpected), unexpected)',
+        "pass",
+        "tests/test_modeling_utils.py::test_unexpected_weights_are_named_in_a_warning_and_skipped",
+    ),
+    mutant(
+        "shard-size-read-as-kilobytes",
+        MODELING,
+        "if shards[-1] and size + nbytes > max_shard_bytes:",
+        "if shards[-1] and size + nbytes > max_shard_bytes * 1000:",
+        LLAMA + "test_save_pretrained_shards_and_loads_in_upstream",
+    ),
+    mutant(
+        "auto-class-ignores-the-given-config",
+        "models/auto/modeling_auto.py",
+        "config = config or AutoConfig.from_pretrained(pretrained_path)",
+        "config = AutoConfig.from_pretrained(pretrained_path)",
+        "tests/test_modeling_utils.py::test_auto_from_pretrained_takes_a_config_as_upstream",
+    ),
+)
+
+
+@dataclass
+class Outcome:
+    name: str
+    tests: tuple[str, ...]
+    status: str  # "caught", "SURVIVED", "NO LONGER APPLIES", "TIMEOUT", "SELECTION BROKEN", "passed", "FAILED"
+    seconds: float
+    detail: str = ""
+
+
+def scratch_copy(into: Path) -> Path:
+    """A copy of src/ under `into`; returns the copy's package directory."""
+    shutil.copytree(ROOT / "src", into / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return into / "src" / PKG
+
+
+def apply(package: Path, edits: tuple[Edit, ...]) -> str:
+    """Apply the edits in order; returns "" or why a snippet does not occur exactly once."""
+    for edit in edits:
+        path = package / edit.file
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        count = text.count(edit.original)
+        if count != 1:
+            return f"{edit.file}: snippet found {count} times: {edit.original.strip()[:70]!r}"
+        path.write_text(text.replace(edit.original, edit.replacement), encoding="utf-8")
+    return ""
+
+
+def run_pytest(src: Path, tests: tuple[str, ...]) -> tuple[int | None, str]:
+    """(exit code, or None on timeout; the output's tail) of pytest on `tests` with `src` first on the path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    env.update(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")  # the parallel jobs share the cores
+    try:
+        proc = subprocess.run(
+            [sys.executable, *PYTEST, *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return None, ""
+    return proc.returncode, (proc.stdout + proc.stderr)[-2000:]
+
+
+def run_mutant(mutant: Mutant) -> Outcome:
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as scratch:
+        package = scratch_copy(Path(scratch))
+        problem = apply(package, mutant.edits)
+        if problem:
+            return Outcome(mutant.name, mutant.tests, "NO LONGER APPLIES", time.monotonic() - start, problem)
+        code, output = run_pytest(package.parent, mutant.tests)
+    seconds = time.monotonic() - start
+    if code is None:
+        return Outcome(mutant.name, mutant.tests, "TIMEOUT", seconds, f"over {TIMEOUT_S} s")
+    if code in CAUGHT_CODES:
+        return Outcome(mutant.name, mutant.tests, "caught", seconds)
+    status = "SURVIVED" if code == 0 else "SELECTION BROKEN"
+    return Outcome(mutant.name, mutant.tests, status, seconds, output)
+
+
+def run_baseline(mutants: tuple[Mutant, ...]) -> Outcome:
+    """Every selected test passes on an unmutated copy, and the copy is the package the tests import."""
+    tests = tuple(dict.fromkeys(test for m in mutants for test in m.tests))
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as scratch:
+        package = scratch_copy(Path(scratch))
+        check = f"import {PKG}, sys; sys.exit({PKG}.__file__ != {str(package / '__init__.py')!r})"
+        env = {**os.environ, "PYTHONPATH": str(package.parent)}
+        if subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, timeout=TIMEOUT_S).returncode:
+            return Outcome("(baseline)", tests, "FAILED", time.monotonic() - start, "tests import another package")
+        code, output = run_pytest(package.parent, tests)
+    status = "passed" if code == 0 else "FAILED"
+    return Outcome("(baseline: no mutation)", tests, status, time.monotonic() - start, "" if code == 0 else output)
+
+
+def report(outcomes: list[Outcome]) -> None:
+    width = max(len(o.name) for o in outcomes)
+    print(f"{'mutant':<{width}}  {'result':<17}  {'seconds':>7}  tests run")
+    for o in outcomes:
+        tests = o.tests[0].removeprefix("tests/") + (f" (+{len(o.tests) - 1} more)" if len(o.tests) > 1 else "")
+        print(f"{o.name:<{width}}  {o.status:<17}  {o.seconds:7.1f}  {tests}")
+    for o in outcomes:
+        if o.detail:
+            print(f"\n--- {o.name}: {o.status}\n{o.detail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Each curated mutant of src/ must fail its selected tests.")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
+    parser.add_argument("--list", action="store_true", help="list the mutants and their tests")
+    parser.add_argument("--jobs", type=int, default=JOBS, help=f"mutants run at once (default {JOBS})")
+    args = parser.parse_args(argv)
+    mutants = MUTANTS
+    if args.only:
+        unknown = sorted(set(args.only) - {m.name for m in MUTANTS})
+        if unknown:
+            parser.error(f"unknown mutant(s) {unknown}; see --list")
+        mutants = tuple(m for m in MUTANTS if m.name in args.only)
+    if args.list:
+        for m in mutants:
+            print(m.name, *(f"    {t}" for t in m.tests), sep="\n")
+        return 0
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_baseline, mutants), *(pool.submit(run_mutant, m) for m in mutants)]
+        outcomes = [future.result() for future in futures]
+    report(outcomes)
+    failed = [o for o in outcomes if o.status not in ("caught", "passed")]
+    verdict = f"{len(failed)} problem(s)" if failed else "ok"
+    caught = sum(o.status == "caught" for o in outcomes)
+    print(f"\nmutation: {verdict}: {caught}/{len(mutants)} mutants caught in {time.monotonic() - start:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
