@@ -39,6 +39,16 @@ SAMPLER, MODELING, GEN_CONFIG = (
     "modeling_utils.py",
     "generation/configuration_utils.py",
 )
+CAUSAL_LM, INPUTS, PROMPT, STOPPING = (
+    "modeling_causal_lm.py",
+    "modeling_inputs.py",
+    "generation/prompt.py",
+    "generation/stopping_criteria.py",
+)
+PROCESSORS = "tests/generation/test_processors.py::"
+GEN_CONFIG_TESTS = "tests/generation/test_config.py::"
+GEN_INPUTS = "tests/generation/test_inputs.py::"
+TP, TP_CHECKPOINTS = "tests/test_tensor_parallel.py::", "TRANSFORMERS_STATIC_TP_CHECKPOINTS"
 LLAMA = "tests/models/llama/test_modeling_llama.py::LlamaParityTest::"
 LLAMA_TIED = "tests/models/llama/test_modeling_llama.py::LlamaTiedLlama3RopeParityTest::"
 GPT2 = "tests/models/gpt2/test_modeling_gpt2.py::GPT2ParityTest::"
@@ -62,10 +72,11 @@ class Mutant:
     name: str
     edits: tuple[Edit, ...]
     tests: tuple[str, ...]  # pytest node ids that must fail
+    env: tuple[tuple[str, str], ...] = ()  # narrows what the tests compute (e.g. the tensor-parallel checkpoints)
 
 
-def mutant(name: str, file: str, original: str, replacement: str, *tests: str) -> Mutant:
-    return Mutant(name, (Edit(file, original, replacement),), tests)
+def mutant(name: str, file: str, original: str, replacement: str, *tests: str, env: dict | None = None) -> Mutant:
+    return Mutant(name, (Edit(file, original, replacement),), tests, tuple((env or {}).items()))
 
 
 MUTANTS = (
@@ -132,11 +143,11 @@ MUTANTS = (
     Mutant(
         "prefill-without-chunk-padding",
         (
-            Edit(GEN, "padded_len = math.ceil(prompt_len / chunk) * chunk", "padded_len = prompt_len"),
+            Edit(GEN, "padded_len = config.padded_prompt_len(prompt_len)", "padded_len = prompt_len"),
             Edit(
                 GEN,
-                "cache_position = torch.arange(start, start + chunk, device=ids.device)",
-                "cache_position = torch.arange(start, min(start + chunk, padded_len), device=ids.device)",
+                "cache_position=torch.arange(start, start + chunk, device=ids.device),",
+                "cache_position=torch.arange(start, min(start + chunk, padded_len), device=ids.device),",
             ),
         ),
         (LLAMA + "test_static_generate_compiles_two_graphs_then_none",),
@@ -144,22 +155,22 @@ MUTANTS = (
     mutant(
         "no-stop-when-every-row-finished",
         GEN,
-        "if step == max_new_tokens - 1 or (eos.numel() and bool(finished.all())):",
-        "if step == max_new_tokens - 1:",
+        "if step == max_new_tokens - 1 or out_of_time or (can_stop and bool(finished.all())):",
+        "if step == max_new_tokens - 1 or out_of_time:",
         GENERATION + "test_eos_lists_match_upstream[static]",
     ),
     # --- generation
     mutant(
         "finished-rows-not-padded",
         GEN,
-        "token = picked.masked_fill(finished, config.pad_token_id)",
+        "token = picked.masked_fill(finished, pad) if eos.numel() else picked",
         "token = picked",
         LLAMA + "test_greedy_generate_matches_upstream_static",
     ),
     mutant(
         "generate-positions-ignore-padding",
         GEN,
-        "positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [batch, padded_len]",
+        "positions = position_ids_from_padding(prompt_mask)  # [batch, padded_len]",
         "positions = torch.arange(padded_len).expand(batch, padded_len)",
         GPT2 + "test_greedy_generate_matches_upstream_static",
     ),
@@ -187,23 +198,32 @@ MUTANTS = (
     mutant(
         "default-length-counts-the-prompt",
         GEN_CONFIG,
-        "return max(min(DEFAULT_MAX_NEW_TOKENS, room), 1)",
-        "return max(DEFAULT_MAX_NEW_TOKENS - prompt_len, 1)",
+        "        max_length += prompt_width\n",
+        "        max_length = max(max_length - prompt_width, 1) + prompt_width\n",
         GENERATION + "test_max_length_and_the_default_length_match_upstream[default]",
     ),
     Mutant(
         "temperature-after-top-p",
         (
-            Edit(SAMPLER, "    logits = logits / config.temperature\n", ""),
-            Edit(SAMPLER, "    return logits\n", "    return logits / config.temperature\n"),
+            Edit(
+                SAMPLER,
+                "    if _on(config.temperature, 1.0):\n        found.append(partial(temperature, value=config.temperature))\n",
+                "",
+            ),
+            Edit(
+                SAMPLER,
+                "    if config.min_p is not None:\n",
+                "    if _on(config.temperature, 1.0):\n        found.append(partial(temperature, value=config.temperature))\n"
+                "    if config.min_p is not None:\n",
+            ),
         ),
         (GENERATION + "test_logit_filters_match_upstream_warpers[1.3-10-0.5]",),
     ),
     mutant(
         "top-k-drops-the-kth-token",
         SAMPLER,
-        'logits.masked_fill(logits < kth, -float("inf"))',
-        'logits.masked_fill(logits <= kth, -float("inf"))',
+        "return scores.masked_fill(scores < kth, NEG_INF)",
+        "return scores.masked_fill(scores <= kth, NEG_INF)",
         GENERATION + "test_logit_filters_match_upstream_warpers[0.7-5-1.0]",
     ),
     # --- masks, attention, caches
@@ -217,7 +237,7 @@ MUTANTS = (
     mutant(
         "positions-from-2d-mask-ignore-padding",
         MASKS,
-        "positions = padding_mask.long().cumsum(-1) - 1  # [batch, kv_len]",
+        "positions = (padding_mask.long().cumsum(-1) - 1).clamp(min=0)  # [batch, kv_len]",
         "positions = torch.arange(padding_mask.shape[-1]).expand(padding_mask.shape)",
         GPT2 + "test_logits_match_upstream_sdpa_left_padding_2d",
     ),
@@ -273,21 +293,21 @@ MUTANTS = (
     # --- model head, loading, saving, training
     mutant(
         "logits-to-keep-takes-the-first-positions",
-        MODELING,
+        CAUSAL_LM,
         "self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:])",
         "self.lm_head(outputs.last_hidden_state[:, : logits_to_keep or None])",
         LLAMA + "test_greedy_generate_matches_upstream_static",
     ),
     mutant(
         "use-cache-argument-ignored",
-        MODELING,
-        "use_cache = self.config.use_cache if use_cache is None else use_cache",
-        "use_cache = self.config.use_cache",
+        INPUTS,
+        "use_cache = model.config.use_cache if use_cache is None else use_cache",
+        "use_cache = model.config.use_cache",
         LLAMA + "test_inputs_embeds_and_use_cache_false_match_upstream",
     ),
     mutant(
         "loss-ignores-ignore-index",
-        MODELING,
+        CAUSAL_LM,
         "F.cross_entropy(shifted, targets, ignore_index=-100)",
         "F.cross_entropy(shifted, targets.clamp(min=0))",
         LLAMA + "test_training_loss_and_gradients_match_upstream",
@@ -316,9 +336,131 @@ MUTANTS = (
     mutant(
         "auto-class-ignores-the-given-config",
         "models/auto/modeling_auto.py",
-        "config = config or AutoConfig.from_pretrained(pretrained_path)",
-        "config = AutoConfig.from_pretrained(pretrained_path)",
+        "        if not isinstance(config, PretrainedConfig):\n",
+        "        if True:\n",
         "tests/test_modeling_utils.py::test_auto_from_pretrained_takes_a_config_as_upstream",
+    ),
+    # --- generation fidelity: logits processors, config layering, prompt checks, stop strings
+    mutant(
+        "repetition-penalty-direction",
+        SAMPLER,
+        "penalised = torch.where(scores < 0, scores * penalty, scores / penalty)",
+        "penalised = torch.where(scores < 0, scores / penalty, scores * penalty)",
+        PROCESSORS + "test_processor_matches_upstream_and_changes_the_tokens[repetition_penalty]",
+    ),
+    mutant(
+        "seen-tokens-not-updated",
+        SAMPLER,
+        "            self.seen.scatter_(1, token[:, None], True)\n",
+        "            pass\n",
+        PROCESSORS + "test_processor_matches_upstream_and_changes_the_tokens[repetition_penalty]",
+    ),
+    mutant(
+        "encoder-penalty-not-inverted",
+        SAMPLER,
+        "penalty=1 / config.encoder_repetition_penalty",
+        "penalty=config.encoder_repetition_penalty",
+        PROCESSORS + "test_processor_matches_upstream_and_changes_the_tokens[encoder_repetition_penalty]",
+    ),
+    mutant(
+        "min-new-tokens-off-by-one",
+        SAMPLER,
+        "steps=slice(None, lengths.min_new_tokens)",
+        "steps=slice(None, lengths.min_new_tokens - 1)",
+        PROCESSORS + "test_processor_matches_upstream_and_changes_the_tokens[min_new_tokens]",
+    ),
+    mutant(
+        "forced-eos-one-step-late",
+        SAMPLER,
+        "step=lengths.max_new_tokens - 1))",
+        "step=lengths.max_new_tokens))",
+        PROCESSORS + "test_processor_matches_upstream_and_changes_the_tokens[forced_eos_token_id]",
+    ),
+    mutant(
+        "begin-suppress-ignores-a-forced-bos",
+        SAMPLER,
+        "first = 1 if prompt_width == 1 and config.forced_bos_token_id is not None else 0",
+        "first = 0",
+        PROCESSORS + "test_forced_bos_and_begin_suppress_on_a_one_token_prompt",
+    ),
+    mutant(
+        "multi-token-bias-matches-any-token",
+        SAMPLER,
+        "matching = (recent[:, None, :] == prefixes[None]).all(-1)",
+        "matching = (recent[:, None, :] == prefixes[None]).any(-1)",
+        PROCESSORS + "test_processor_matches_upstream_and_changes_the_tokens[sequence_bias_after_two]",
+    ),
+    Mutant(
+        "top-k-before-top-h",
+        (
+            Edit(
+                SAMPLER,
+                "    if config.top_h is not None:\n        found.append(partial(top_h, h=config.top_h))\n"
+                "    if _on(config.top_k, 0):\n        found.append(partial(top_k, k=config.top_k))\n",
+                "    if _on(config.top_k, 0):\n        found.append(partial(top_k, k=config.top_k))\n"
+                "    if config.top_h is not None:\n        found.append(partial(top_h, h=config.top_h))\n",
+            ),
+        ),
+        (PROCESSORS + "test_warpers_chain_in_upstreams_order",),
+    ),
+    mutant(
+        "save-writes-every-field",
+        GEN_CONFIG,
+        "if getattr(self, name) is not None or name in self._file_keys",
+        "if True",
+        GEN_CONFIG_TESTS + "test_upstream_behaves_the_same_after_our_round_trip",
+    ),
+    mutant(
+        "model-config-wins-over-the-passed-one",
+        GEN,
+        "config = passed.merged(own).with_defaults().update(**kwargs)",
+        "config = own.merged(passed).with_defaults().update(**kwargs)",
+        GEN_CONFIG_TESTS + "test_layering_is_kwargs_then_passed_config_then_the_models",
+    ),
+    mutant(
+        "right-padding-moved-the-wrong-way",
+        PROMPT,
+        "source = (torch.arange(width, device=mask.device) - trailing[:, None]) % width",
+        "source = (torch.arange(width, device=mask.device) + trailing[:, None]) % width",
+        GEN_INPUTS + "test_right_padding_gives_the_left_padded_tokens_and_warns_once",
+    ),
+    mutant(
+        "mask-not-inferred-from-the-pad-id",
+        PROMPT,
+        "inferred = attention_mask is None and pad is not None and pad not in config.eos_token_ids",
+        "inferred = False",
+        GEN_INPUTS + "test_mask_is_inferred_from_the_pad_id_as_upstream",
+    ),
+    mutant(
+        "stop-string-found-in-the-prompt",
+        STOPPING,
+        "text.find(s, max(before - len(s) + 1, 0)) != -1",
+        "text.find(s) != -1",
+        "tests/generation/test_stopping.py::test_stop_strings_stop_rows_where_upstream_does",
+    ),
+    # --- tensor parallelism
+    mutant(
+        "row-parallel-bias-added-on-every-rank",
+        "integrations/tensor_parallel.py",
+        "    if bias is not None:  # moved out of the layer's own forward",
+        "    if False:  # moved out of the layer's own forward",
+        TP + "TensorParallelTest::test_logits_match_one_process_and_are_identical_on_every_rank_00_gpt2",
+        env={TP_CHECKPOINTS: "gpt2"},
+    ),
+    mutant(
+        "alibi-slopes-of-the-first-heads-on-every-rank",
+        "models/bloom/modeling_bloom.py",
+        "slopes = alibi_slopes(self.num_heads, hidden_states.device)[heads.start : heads.stop]",
+        "slopes = alibi_slopes(self.num_heads, hidden_states.device)[: len(heads)]",
+        TP + "TensorParallelTest::test_logits_match_one_process_and_are_identical_on_every_rank_17_bloom",
+        env={TP_CHECKPOINTS: "bloom"},
+    ),
+    mutant(
+        "replicated-kv-head-always-the-first",
+        "configuration_utils.py",
+        "head = self._tp_rank * num_heads // self._tp_size",
+        "head = 0",
+        TP + "TensorParallelInProcessTest::test_heads_of_each_rank",
     ),
 )
 
@@ -350,9 +492,9 @@ def apply(package: Path, edits: tuple[Edit, ...]) -> str:
     return ""
 
 
-def run_pytest(src: Path, tests: tuple[str, ...]) -> tuple[int | None, str]:
+def run_pytest(src: Path, tests: tuple[str, ...], extra_env: dict[str, str]) -> tuple[int | None, str]:
     """(exit code, or None on timeout; the output's tail) of pytest on `tests` with `src` first on the path."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **extra_env, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     env.update(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")  # the parallel jobs share the cores
     try:
         proc = subprocess.run(
@@ -370,7 +512,7 @@ def run_mutant(mutant: Mutant) -> Outcome:
         problem = apply(package, mutant.edits)
         if problem:
             return Outcome(mutant.name, mutant.tests, "NO LONGER APPLIES", time.monotonic() - start, problem)
-        code, output = run_pytest(package.parent, mutant.tests)
+        code, output = run_pytest(package.parent, mutant.tests, dict(mutant.env))
     seconds = time.monotonic() - start
     if code is None:
         return Outcome(mutant.name, mutant.tests, "TIMEOUT", seconds, f"over {TIMEOUT_S} s")
@@ -390,9 +532,18 @@ def run_baseline(mutants: tuple[Mutant, ...]) -> Outcome:
         env = {**os.environ, "PYTHONPATH": str(package.parent)}
         if subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, timeout=TIMEOUT_S).returncode:
             return Outcome("(baseline)", tests, "FAILED", time.monotonic() - start, "tests import another package")
-        code, output = run_pytest(package.parent, tests)
+        code, output = run_pytest(package.parent, tests, merged_env(mutants))
     status = "passed" if code == 0 else "FAILED"
     return Outcome("(baseline: no mutation)", tests, status, time.monotonic() - start, "" if code == 0 else output)
+
+
+def merged_env(mutants: tuple[Mutant, ...]) -> dict[str, str]:
+    """The mutants' narrowing variables for one run of all their tests: the values of one name, comma-joined."""
+    values: dict[str, list[str]] = {}
+    for m in mutants:
+        for name, value in m.env:
+            values.setdefault(name, []).append(value)
+    return {name: ",".join(dict.fromkeys(found)) for name, found in values.items()}
 
 
 def report(outcomes: list[Outcome]) -> None:
