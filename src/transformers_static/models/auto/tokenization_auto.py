@@ -6,11 +6,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import tempfile
 from typing import Any
 
 from ...configuration_utils import load_config_dict
 from ...tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, _read_json, load_tokenizer
 from ...tokenization_utils_tokenizers import TokenizersBackend
+from ...utils.hub import resolve_pretrained_path
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +75,30 @@ class AutoTokenizer:
         kwargs.pop("use_fast", None)
         if kwargs.pop("trust_remote_code", None):
             logger.warning("trust_remote_code=True is ignored: transformers_static runs no remote code")
-        for name in ("tokenizer_type", "gguf_file", "subfolder", "fix_mistral_regex", "force_download", "proxies"):
+        for name in ("tokenizer_type", "subfolder", "fix_mistral_regex", "force_download", "proxies"):
             if kwargs.get(name):
                 raise ValueError(f"AutoTokenizer.from_pretrained({name}=...) is not supported by transformers_static")
         config = kwargs.pop("config", None)
+        gguf_file = kwargs.pop("gguf_file", None)
+        if gguf_file is not None:
+            return _from_gguf(pretrained_model_name_or_path, gguf_file, config, kwargs)
         return load_tokenizer(
             lambda path: select_tokenizer_class(path, config), pretrained_model_name_or_path, **kwargs
         )
+
+
+def _from_gguf(
+    pretrained_model_name_or_path: str | os.PathLike, gguf_file: str, config: Any, kwargs: dict[str, Any]
+) -> TokenizersBackend:
+    """The tokenizer rebuilt from `gguf_file`'s metadata (in the checkpoint directory or Hub snapshot), as upstream
+    rebuilds it: its files are written to a temporary directory and read back like any checkpoint's."""
+    from ...modeling_gguf_pytorch_utils import save_gguf_tokenizer
+
+    hub = {k: kwargs.pop(k) for k in ("revision", "local_files_only", "cache_dir", "token") if k in kwargs}
+    directory = resolve_pretrained_path(pretrained_model_name_or_path, **hub)
+    with tempfile.TemporaryDirectory(prefix="gguf-tokenizer-") as files:
+        save_gguf_tokenizer(os.path.join(directory, gguf_file), files)
+        return load_tokenizer(lambda path: select_tokenizer_class(path, config), files, **kwargs)
 
 
 def select_tokenizer_class(path: str, config: Any = None) -> type[TokenizersBackend]:
