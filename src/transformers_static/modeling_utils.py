@@ -17,7 +17,9 @@ from torch import nn
 
 from .attention_utils import ATTENTION_FUNCTIONS
 from .configuration_utils import PretrainedConfig, resolve_dtype
+from .linear_utils import use_decode_linear
 from .modeling_attn_mask_utils import AttentionMaskConverter
+from .quantization import check_method, checkpoint_quantization, quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +64,11 @@ class PreTrainedModel(nn.Module):
         return next(self.parameters()).device
 
     def post_init(self) -> None:
-        """Initialise weights (normal with the config's `initializer_range`) and tie them."""
+        """Initialise weights (normal with the config's `initializer_range`), tie them, and give linear layers the
+        compiled one-row kernel (`linear_utils.use_decode_linear`)."""
         self.apply(self._init_module)
         self.tie_weights()
+        use_decode_linear(self)
 
     def _init_module(self, module: nn.Module) -> None:
         std = getattr(self.config, "initializer_range", 0.02)
@@ -93,20 +97,30 @@ class PreTrainedModel(nn.Module):
         dtype: str | torch.dtype | None = "auto",
         device: str | torch.device | None = None,
         config: PretrainedConfig | None = None,
+        quantization: str | None = None,
     ) -> PreTrainedModel:
         """Load a checkpoint directory: config.json and model.safetensors (or its sharded index, or a
-        pytorch_model.bin read with `weights_only=True`). `dtype="auto"` keeps the checkpoint's config dtype."""
+        pytorch_model.bin read with `weights_only=True`). `dtype="auto"` keeps the checkpoint's config dtype.
+        `quantization="int8"` quantizes the linear layers' weights after loading (see `quantization`); a checkpoint
+        saved quantized loads as it was saved."""
         path = os.fspath(pretrained_path)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a directory: expected a checkpoint dir with config.json and weights")
         config = config or cls.config_class.from_pretrained(path)
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
+        if quantization is not None:
+            check_method(quantization)
+        saved_quantized = checkpoint_quantization(config)
         target_dtype = resolve_dtype(dtype) or config.dtype or torch.float32
         state_dict = load_state_dict(path)
         with _default_dtype(target_dtype):
             model = cls(config)
+        if saved_quantized is not None:
+            quantize_model(model, saved_quantized, empty=True)
         model.load_checkpoint_state_dict(state_dict)
+        if quantization is not None and saved_quantized is None:
+            quantize_model(model, quantization)
         model.load_pretrained_extras(path)
         if device is not None:
             model.to(device)

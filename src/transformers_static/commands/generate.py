@@ -2,6 +2,7 @@
 
 transformers-static generate [MODEL_DIR | --preset NAME] (--prompt TEXT | --input-ids 1,2,3) [--max-new-tokens N]
                              [--compile] [--sample --temperature T --top-k K --top-p P --seed S] [--dtype D]
+                             [--quantization int8]
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from typing import Any
 import torch
 
 from ..bench.presets import PRESETS, preset_path
-from .args import UsageError, add_device_args, id_list, parse_device, parse_dtype, positive_int
+from .args import (
+    UsageError,
+    add_device_args,
+    add_quantization_arg,
+    id_list,
+    parse_device,
+    parse_dtype,
+    positive_int,
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -42,6 +51,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     add_device_args(parser, default_dtype="auto")
+    add_quantization_arg(parser, "int8: int8 weight-only linear layers (from_pretrained(..., quantization='int8'))")
     parser.set_defaults(handler=run, parser=parser)
 
 
@@ -55,7 +65,12 @@ def run(args: argparse.Namespace) -> int:
     input_ids, tokenizer = _prompt_ids(args, path, vocab_size)  # checked before the (slow) weight load
     sampling = _sampling_options(args, GenerationConfig)
     device = parse_device(args)
-    model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(args), device=device))
+    model = _load(
+        path,
+        lambda: AutoModelForCausalLM.from_pretrained(
+            path, dtype=parse_dtype(args), device=device, quantization=args.quantization
+        ),
+    )
     streamer = PrintStreamer(tokenizer)
     generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.sample else None
     graphs = graphs_compiled()
