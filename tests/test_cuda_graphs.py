@@ -2,16 +2,20 @@
 replayed for every later step, across calls with other prompt lengths. Runs only where CUDA is available
 (`make gpu-check`); skipped with its reason elsewhere.
 
-Recordings are counted as torch's own cudagraph-trees tests count them: the tree manager's graph ids
-(`get_container(device).tree_manager.new_graph_id().id` is the number recorded so far). A graph inductor refuses to
-record bumps `counters["inductor"]["cudagraph_skips"]` and logs "skipping cudagraphs due to ..." on the
-`cudagraphs` artifact logger; both are checked.
+Recordings are counted two ways: calls of the tree manager's `record_function` (per generate call), and, at the
+end, as torch's own cudagraph-trees tests count them, the tree manager's next graph id (`new_graph_id().id`, the
+number recorded so far; it takes an id, so it is read once). A graph inductor refuses to record bumps
+`counters["inductor"]["cudagraph_skips"]` and logs "skipping cudagraphs due to ..." on the `cudagraphs` artifact
+logger; both are checked.
 """
 
 from __future__ import annotations
 
 import logging
 import unittest
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
 
 import torch
 import torch._dynamo
@@ -39,12 +43,28 @@ def tiny_llama() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval().to("cuda")
 
 
-def recordings(device: torch.device) -> int:
-    """CUDA graphs recorded so far on `device` (0 when the tree manager was never created)."""
+def graph_ids_taken(device: torch.device) -> int:
+    """CUDA graphs recorded so far on `device` (0 when the tree manager was never created); takes an id."""
     from torch._inductor import cudagraph_trees
 
     manager = cudagraph_trees.get_container(device.index or 0).tree_manager
     return 0 if manager is None else manager.new_graph_id().id
+
+
+@contextmanager
+def counting_recordings() -> Iterator[list[int]]:
+    """Counts the tree manager's recordings inside the block: `counts[0]`."""
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    counts = [0]
+    record = CUDAGraphTreeManager.record_function
+
+    def counted(manager: CUDAGraphTreeManager, *args: object, **kwargs: object) -> object:
+        counts[0] += 1
+        return record(manager, *args, **kwargs)
+
+    with mock.patch.object(CUDAGraphTreeManager, "record_function", counted):
+        yield counts
 
 
 class _Messages(logging.Handler):
@@ -75,14 +95,16 @@ class CudaGraphDecodeTest(unittest.TestCase):
         prompts = [torch.randint(3, VOCAB, (2, n), generator=generator).cuda() for n in (5, 11)]
         expected = [model.generate(p, max_new_tokens=12, eos_token_id=None) for p in prompts]
 
-        first = model.generate(prompts[0], max_new_tokens=12, eos_token_id=None, compile=True)
+        with counting_recordings() as first_counts:
+            first = model.generate(prompts[0], max_new_tokens=12, eos_token_id=None, compile=True)
         cache = model._generation_cache[1]
         addresses = [t.data_ptr() for t in (*cache.key_cache, *cache.value_cache)]
-        recorded = recordings(prompts[0].device)
-        second = model.generate(prompts[1], max_new_tokens=16, eos_token_id=None, compile=True)
+        with counting_recordings() as second_counts:
+            second = model.generate(prompts[1], max_new_tokens=16, eos_token_id=None, compile=True)
 
-        self.assertEqual(recorded, 1, "the decode step should be recorded once, on its second step")
-        self.assertEqual(recordings(prompts[0].device), 1, "a new prompt length should replay, not re-record")
+        self.assertEqual(first_counts, [1], "the decode step should be recorded once, on its second step")
+        self.assertEqual(second_counts, [0], "a new prompt length should replay, not re-record")
+        self.assertEqual(graph_ids_taken(prompts[0].device), 1)
         self.assertEqual(counters["inductor"]["cudagraph_skips"], 0)
         self.assertFalse([m for m in self.log.messages if "skipping cudagraph" in m], self.log.messages)
         self.assertIs(model._generation_cache[1], cache)

@@ -58,10 +58,19 @@ def graph_calls(fn, x: torch.Tensor) -> set:
 
 def test_decode_graph_reads_weights_in_a_reduction_and_prefill_keeps_f_linear() -> None:
     layer = DecodeLinear(40, 24)
-    decode = graph_calls(layer, torch.randn(2, 1, 40))
-    prefill = graph_calls(layer, torch.randn(2, 7, 40))
+    decode = graph_calls(layer, torch.randn(1, 1, 40))
+    batched_decode = graph_calls(layer, torch.randn(2, 1, 40))  # float rows of several sequences: one GEMM
+    prefill = graph_calls(layer, torch.randn(1, 7, 40))
     assert F.linear not in decode and "sum" in decode
+    assert F.linear in batched_decode and "sum" not in batched_decode
     assert F.linear in prefill and "sum" not in prefill
+
+
+def test_int8_decode_is_a_reduction_at_any_batch() -> None:
+    weight, scale = torch.randint(-127, 128, (24, 40), dtype=torch.int8), torch.rand(24)
+    for batch in (1, 3):
+        calls = graph_calls(lambda x: linear(x, weight, None, scale), torch.randn(batch, 1, 40))
+        assert F.linear not in calls and "sum" in calls
 
 
 def test_eager_is_f_linear_exactly() -> None:

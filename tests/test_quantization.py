@@ -13,7 +13,7 @@ from safetensors import safe_open
 from torch import nn
 
 from transformers_static import AutoModelForCausalLM
-from transformers_static.generation.compilation import RegionalForward
+from transformers_static.generation.compilation import compile_forward
 from transformers_static.quantization import Int8Linear, quantize_weight
 
 from .models.causal_lm_tester import count_graphs
@@ -123,7 +123,7 @@ def test_foreign_quantization_config_and_unknown_method_are_refused(checkpoint: 
 
 def test_int8_decode_compiles_once(checkpoint: Path) -> None:
     """The user's own compiled forward: two graphs on the first call, none later; tokens equal the eager int8
-    model's. And generate's regional bodies: compiled on the first call only."""
+    model's. And generate's regional compile: one graph, on the first call only."""
     model = AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int8")
     ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
     calls = [
@@ -135,10 +135,10 @@ def test_int8_decode_compiles_once(checkpoint: Path) -> None:
     for call, out in zip(calls, outputs, strict=True):
         assert torch.equal(out, model.generate(**call))
     counter = torch._dynamo.testing.CompileCounter()
-    model._compiled_forwards = {"regional": RegionalForward(model, backend=counter)}
+    model._compiled_forwards = {"regional": compile_forward(model, "regional", backend=counter)}
     try:
         for call, expected in zip(calls, outputs, strict=True):
             assert torch.equal(model.generate(**call, compile="regional"), expected)
-        assert counter.frame_count == 2  # the layer body and the head
+        assert counter.frame_count == 1  # one graph, its layers one shared region
     finally:
         torch._dynamo.reset()

@@ -2,11 +2,12 @@
 the compiler generates.
 
 A decode step multiplies one row per sequence (`[batch, 1, in]`) by every weight matrix: it is bound by how fast
-the weights are read. On CPUs aten's one-row `F.linear` (a BLAS gemv) reads them well below memory bandwidth,
-while the reduction `(x * weight).sum(-1)`, written out for inductor, is fused into one loop over the weight (with
-the bias, a dequantisation or the next elementwise op) and reads close to it. The choice is made while tracing,
-from static facts only (`torch.compiler.is_compiling()` and the input's shape), so a compiled decode graph gets the
-reduction, prefill (`q_len > 1`) keeps `F.linear`, and eager code is unchanged.
+the weights are read. The reduction `(x * weight).sum(-1)`, written out for inductor, becomes one vectorised loop
+over the weight into which the bias, an int8 dequantisation and the neighbouring elementwise ops fuse; aten's
+one-row `F.linear` (a BLAS gemv) is a separate call that, on some CPUs, reads well below memory bandwidth. The
+choice is made while tracing, from static facts only (`torch.compiler.is_compiling()`, the input's shape and
+device, the weight's dtype; see `use_reduction`), so a compiled decode graph gets the reduction, prefill
+(`q_len > 1`) keeps `F.linear`, and eager code is unchanged.
 
 Models keep `nn.Linear` in their files (upstream's shape and parameter names): `PreTrainedModel.post_init` turns
 each plain `nn.Linear` into a `DecodeLinear` (same parameters, same state dict, a subclass) with `use_decode_linear`.
@@ -20,11 +21,13 @@ from torch import nn
 
 
 def use_reduction(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True while compiling a product of one row per sequence (`x` `[..., 1, in]`), on CPU, or on any device for an
-    int8 weight (whose dequantisation must fuse into the product); float weights elsewhere keep the vendor's GEMV.
-    Static facts at trace time."""
-    one_row = torch.compiler.is_compiling() and x.dim() >= 2 and x.shape[-2] == 1
-    return one_row and (x.device.type == "cpu" or weight.dtype == torch.int8)
+    """Whether `x @ weight.T` is written as a reduction: only while compiling, for one token per sequence (`x`
+    `[..., 1, in]`), and then for an int8 weight (its dequantisation must fuse into the product), or for a float
+    weight on CPU with a single row in all (one sequence: batched rows and other devices keep aten's GEMM, which
+    reads the weight once for all rows). Static facts at trace time."""
+    if not (torch.compiler.is_compiling() and x.dim() >= 2 and x.shape[-2] == 1):
+        return False
+    return weight.dtype == torch.int8 or (x.device.type == "cpu" and x.numel() == x.shape[-1])
 
 
 def linear(
@@ -33,19 +36,15 @@ def linear(
     """`x @ (weight * scale[:, None]).T + bias` for `x` `[..., in]`, `weight` `[out, in]` (any dtype: an int8 weight
     with its per-output-channel `scale` `[out]` is dequantised here), in `x`'s dtype.
 
-    Under compile, a one-row product (see `use_reduction`) is a float32 reduction over `in` that reads the weight
-    once in its own dtype; otherwise `F.linear` on the weight cast to `x`'s dtype."""
+    Under compile (see `use_reduction`) a float32 reduction over `in` that reads the weight in its own dtype,
+    vectorised along `in`; otherwise `F.linear` on the weight cast to `x`'s dtype."""
     if use_reduction(x, weight):
-        rows = x.reshape(-1, x.shape[-1])  # [rows, in]: one per sequence
-        # [out, rows]: output-major, so each weight row is read once for all rows; float32 accumulation.
-        y = (weight.unsqueeze(1).float() * rows.unsqueeze(0).float()).sum(-1)
+        y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)  # [..., 1, out], accumulated in float32
         if scale is not None:
-            y = y * scale.float()[:, None]
+            y = y * scale.float()
         if bias is not None:
-            y = y + bias.float()[:, None]
-        y = y.t().reshape(*x.shape[:-1], weight.shape[0])  # [..., 1, out]
-        # Standard strides for the caller (a compiled region is guarded on its inputs' strides, even size-1 ones).
-        return y.to(x.dtype).clone(memory_format=torch.contiguous_format)
+            y = y + bias.float()
+        return y.to(x.dtype)
     y = F.linear(x, weight.to(x.dtype))  # [..., out]
     if scale is not None:
         y = y * scale.to(x.dtype)

@@ -138,7 +138,7 @@ def write_plot(results: dict[str, Any], path: Path) -> str | None:
         ax_ms.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
         bars = ax_first.bar(offset, first, width, label=variant, color=_COLORS.get(variant))
         ax_first.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
-    for ax, title in ((ax_ms, "decode ms/token (median, min-max)"), (ax_first, "first call s (compile included)")):
+    for ax, title in ((ax_ms, "decode ms/token (median, min-max)"), (ax_first, "first call s (cold compile cache)")):
         ax.set_xticks(range(len(scenarios)), [s["label"] for s in scenarios], rotation=15)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)

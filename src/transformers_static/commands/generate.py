@@ -2,12 +2,13 @@
 
 transformers-static generate [MODEL_DIR | --preset NAME] (--prompt TEXT | --input-ids 1,2,3) [--max-new-tokens N]
                              [--compile] [--sample --temperature T --top-k K --top-p P --seed S] [--dtype D]
-                             [--quantization int8]
+                             [--quantization int8] [--compile-cache DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -45,6 +46,13 @@ def add_parser(commands: Any) -> None:
     source.add_argument("--input-ids", type=id_list, metavar="1,2,3", help="prompt token ids, comma-separated")
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N")
     parser.add_argument("--compile", action="store_true", help="generate(compile=True): compile the forward once")
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        metavar="DIR",
+        help="keep the compiler's caches in DIR (TORCHINDUCTOR_CACHE_DIR): a later run's first call compiles "
+        "from them (default: inductor's own, under the temp dir)",
+    )
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=50)
@@ -61,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from ..models.auto import AutoConfig, AutoModelForCausalLM
 
     path = _checkpoint_dir(args)
+    if args.compile_cache is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(args.compile_cache.expanduser().resolve())
     vocab_size = _load(path, lambda: AutoConfig.from_pretrained(path)).vocab_size
     input_ids, tokenizer = _prompt_ids(args, path, vocab_size)  # checked before the (slow) weight load
     sampling = _sampling_options(args, GenerationConfig)

@@ -1,11 +1,14 @@
-"""How `generate(compile=True)` compiles the decode step: the whole forward as one graph, or by regions.
+"""How `generate(compile=...)` compiles the decode step: the whole forward as one graph, or with the decoder layers
+compiled once as a shared region of that graph.
 
-Regional compilation compiles the decoder layer's forward once and runs every layer through that one body (and
-the LM head through a second one); the rest of the step (embedding, per-forward inputs, final norm) stays eager.
-Identical layers share the body because nothing layer-specific is a constant inside it: each layer is handed its
-own cache slot (`StaticCache.layer(i)`) in place of the cache and its index, so the graph's inputs are the layer's
-weights and slot, and its guards are the same for every layer (layers of another attention kind, such as sliding
-windows, get a second body). Compiling one layer instead of all of them is what makes the first call short.
+"full" traces and compiles every layer: on CPU most of a first call goes there (dynamo traces 30 layers, inductor
+lowers and schedules them all). "regional" (hierarchical compilation, `torch.compiler.nested_compile_region`) still
+makes one graph for the step, so the step runs as fast, but the layer is compiled once and every layer calls that
+one body. A body is shared only when nothing layer-specific is a constant inside it: each layer is handed its own
+cache slot (`StaticCache.layer(i)`) in place of the cache and its index, so the region's inputs are the layer's
+weights, its slot and the step's tensors (layers of another attention kind, such as sliding windows, get a second
+body). The per-forward inputs and the slot are pytree nodes, so dynamo matches a layer's call to the compiled body
+by its tensors alone instead of tracing each layer again.
 """
 
 from __future__ import annotations
@@ -16,30 +19,37 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
-from ..cache_utils import StaticCache
+from ..cache_utils import StaticCache, StaticLayerCache
 from ..modeling_inputs import AttentionInputs
 
 COMPILE_OPTIONS = {"fullgraph": True, "dynamic": False}
 STRATEGIES = ("full", "regional")
 
+pytree.register_dataclass(AttentionInputs)
+pytree.register_pytree_node(
+    StaticLayerCache,
+    lambda slot: ([slot.keys, slot.values], None),
+    lambda tensors, _: StaticLayerCache(*tensors),
+    serialized_type_name="transformers_static.cache_utils.StaticLayerCache",
+)
+
 
 def default_strategy(device: torch.device) -> str:
-    """CUDA: the whole step as one graph (CUDA graphs replay a whole step). Elsewhere: regional."""
+    """CUDA: the whole step as one plain graph (what CUDA graphs have been checked with). Elsewhere: regional."""
     return "full" if device.type == "cuda" else "regional"
 
 
-def compile_forward(model: nn.Module, strategy: str) -> Callable[..., Any]:
-    """`model.forward` compiled with `fullgraph=True, dynamic=False`: as one graph ("full"; CUDA graphs through
-    `mode="reduce-overhead"` on CUDA) or by regions ("regional": inductor's default mode, since each layer's weights
-    would be a CUDA graph of their own)."""
+def compile_forward(model: nn.Module, strategy: str, backend: str | Callable = "inductor") -> Callable[..., Any]:
+    """`model.forward` compiled as one graph with `fullgraph=True, dynamic=False` (CUDA graphs through
+    `mode="reduce-overhead"` on CUDA); "regional" compiles its decoder layers once (see the module docstring)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown compile strategy {strategy!r}; expected True, False or one of {list(STRATEGIES)}")
-    if strategy == "regional":
-        return RegionalForward(model)
     mode = "reduce-overhead" if model.device.type == "cuda" else None
-    return torch.compile(model.forward, mode=mode, **COMPILE_OPTIONS)
+    compiled = torch.compile(model.forward, mode=mode, backend=backend, **COMPILE_OPTIONS)
+    return RegionalForward(model, compiled) if strategy == "regional" else compiled
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -59,49 +69,52 @@ def cache_index(layer: nn.Module) -> int:
     raise ValueError(f"{type(layer).__name__} has no attention module with a layer_idx")
 
 
+def _layer_region() -> Callable[..., Any]:
+    """A fresh region function (dynamo bounds the bodies kept per function, so each model gets its own)."""
+
+    def layer_region(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return type(layer).forward(layer, *args, **kwargs)
+
+    return torch.compiler.nested_compile_region(layer_region)
+
+
 class RegionalForward:
-    """`model.forward` with each decoder layer and the LM head run through compiled bodies shared by all layers.
+    """A compiled `model.forward` whose decoder layers run through one compiled region, each with its cache slot.
 
-    Needs a StaticCache (each layer gets its slot); any other call runs the model's forward unchanged."""
+    Needs a StaticCache (the slots); a call with any other cache runs the compiled forward as a plain graph."""
 
-    def __init__(self, model: nn.Module, backend: str | Callable = "inductor") -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, compiled_forward: Callable[..., Any]) -> None:
+        self.compiled_forward = compiled_forward
         self.layers = [(layer, cache_index(layer)) for layer in decoder_layers(model)]
-        layer_type, head_type = type(self.layers[0][0]), type(model.lm_head)
-        # One compiled body per class (dynamo caches by code object): shared by every layer of the model.
-        self.layer_body = torch.compile(layer_type.forward, backend=backend, **COMPILE_OPTIONS)
-        self.head_body = torch.compile(head_type.forward, backend=backend, **COMPILE_OPTIONS)
+        self.region = _layer_region()
 
     def __call__(self, *args: Any, past_key_values: Any = None, **kwargs: Any) -> Any:
         if not isinstance(past_key_values, StaticCache):
-            return self.model(*args, past_key_values=past_key_values, **kwargs)
+            return self.compiled_forward(*args, past_key_values=past_key_values, **kwargs)
         with self._routed(past_key_values):
-            return self.model(*args, past_key_values=past_key_values, **kwargs)
+            return self.compiled_forward(*args, past_key_values=past_key_values, **kwargs)
 
     @contextmanager
     def _routed(self, cache: StaticCache) -> Iterator[None]:
-        """For the duration of one forward, every layer's call (and the head's) goes through its compiled body."""
-        routed = [(layer, self._layer_call(layer, cache.layer(index))) for layer, index in self.layers]
-        head = self.model.lm_head
-        routed.append((head, lambda x: self.head_body(head, x)))
-        for module, call in routed:
-            module.forward = call
+        """For one forward, each layer's call goes through the region with its own slot of `cache`."""
+        for layer, index in self.layers:
+            layer.forward = self._layer_call(layer, cache.layer(index))
         try:
             yield
         finally:
-            for module, _ in routed:
-                del module.forward
+            for layer, _ in self.layers:
+                del layer.forward
 
-    def _layer_call(self, layer: nn.Module, slot: Any) -> Callable[..., Any]:
+    def _layer_call(self, layer: nn.Module, slot: StaticLayerCache) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             args = tuple(_with_slot(a, slot) for a in args)
             kwargs = {k: _with_slot(v, slot) for k, v in kwargs.items()}
-            return self.layer_body(layer, *args, **kwargs)
+            return self.region(layer, *args, **kwargs)
 
         return call
 
 
-def _with_slot(value: Any, slot: Any) -> Any:
+def _with_slot(value: Any, slot: StaticLayerCache) -> Any:
     """The layer's per-forward inputs with the cache replaced by the layer's own slot."""
     if isinstance(value, AttentionInputs):
         return dataclasses.replace(value, past_key_values=slot)
