@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: install demo test mutation stage quality style repo-consistency fix-copies
+.PHONY: install demo test mutation stage gpu-check quality style repo-consistency fix-copies
 
 install:
 	test -x $(PY) || python3 -m venv .venv
@@ -26,6 +26,11 @@ mutation:
 # Each upstream/<name>/ PR: its test fails on the pinned upstream, its patch applies, its test then passes.
 stage:
 	$(PY) utils/stage_upstream.py
+
+# On a machine with CUDA: the CUDA-graph tests (skipped elsewhere) and a decode timing table.
+gpu-check:
+	$(PY) -m pytest -q -rs tests/test_cuda_graphs.py
+	$(PY) utils/gpu_check.py
 
 quality: repo-consistency
 	$(PY) -m ruff check .

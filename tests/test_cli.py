@@ -101,6 +101,45 @@ def test_bench_arch_preset_mismatch(capsys: pytest.CaptureFixture[str]) -> None:
     assert "preset 'llama-tiny' is a llama model, not --arch gpt2" in err
 
 
+def test_bench_refuses_an_unwritable_out_before_running(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out, err = run_cli(capsys, "bench", "--no-compile", "--out", str(blocker / "results"))
+    assert code == 2
+    assert f"argument --out: cannot write results to '{blocker / 'results'}'" in err and not out
+
+
+def test_bench_added_variants_need_compile(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "bench", "--no-compile", "--quantization", "int8")
+    assert code == 2
+    assert "--user-compiled and --quantization add compiled variants: drop --no-compile" in err
+
+
+def test_ratio_reads_one_way() -> None:
+    from transformers_static.bench.report import format_ratio
+
+    assert format_ratio(0.4545) == "0.45x (2.2x faster)"
+    assert format_ratio(1.3) == "1.30x (slower)"
+    assert format_ratio(1.001) == "1.00x (same)"
+    assert format_ratio(None) == ""
+
+
+def test_busy_machine_is_flagged_in_the_notes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers_static.bench.report import footnotes
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    results = {
+        "machine": {"memory_bandwidth_gbps": 10.0, "device": "cpu", "torch_threads": 2,
+                    "load_average_at_start": [3.5, 1.0, 1.0], "load_average_at_end": [0.2, 0.2, 0.2]},
+        "options": {"dtype": "float32", "new_tokens": 8, "repeats": 1},
+        "versions": {"transformers": "5.23.0"},
+        "scenarios": [],
+    }  # fmt: skip
+    notes = footnotes(results)
+    assert "warning: at start, load average 3.5 on 2 CPUs: timings will be noisy" in notes
+    assert not [n for n in notes if n.startswith("warning: at end")]
+
+
 def test_module_entry_point_exit_status(tmp_path: Path) -> None:
     env = {**os.environ, CACHE_ENV: str(tmp_path)}
     cmd = [sys.executable, "-m", "transformers_static", "generate", "--preset", "nope", "--input-ids", "1"]
@@ -183,6 +222,23 @@ def test_generate_compile_runs_a_compiled_decode_step(
     expected = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6)[0, 3:].tolist()
     assert [int(token) for token in out.split()] == expected
     assert "compiled graphs: 1" in err and "(compilation included)" in err
+
+
+def test_generate_int8_streams_the_quantized_models_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--preset", "llama-tiny", "--input-ids", "5,6,7", "--max-new-tokens", "5"]
+    code, out, _ = run_cli(capsys, *argv, "--quantization", "int8")
+    assert code == 0
+    model = AutoModelForCausalLM.from_pretrained(preset_path("llama-tiny"), quantization="int8")
+    assert [int(t) for t in out.split()] == model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=5)[0, 3:].tolist()
+
+
+def test_generate_compile_cache_is_the_inductor_cache_dir(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "elsewhere")  # restored after the test
+    argv = ["generate", "--preset", "llama-tiny", "--input-ids", "5", "--max-new-tokens", "2"]
+    assert run_cli(capsys, *argv, "--compile-cache", str(tmp_path / "cc"))[0] == 0
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cc")
 
 
 def test_generate_sampling_is_seeded(capsys: pytest.CaptureFixture[str]) -> None:

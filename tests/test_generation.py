@@ -360,7 +360,8 @@ def test_classic_growing_mask_compiles_a_graph_per_step(llama) -> None:
 
 def test_inductor_compile_gives_eager_tokens(llama) -> None:
     """The one real inductor compile of the suite (slow on 2 cores): tokens equal eager's, one graph (the decode
-    step; compile=True runs the prefill eager), and a new prompt length compiles nothing."""
+    step, its decoder layers one shared region; compile=True runs the prefill eager), and a new prompt length
+    compiles nothing."""
     ids, mask = generation_prompt(VOCAB)
     expected = llama.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=None)
     torch._dynamo.reset()

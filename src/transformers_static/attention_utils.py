@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache_utils import Cache
+from .cache_utils import Cache, StaticLayerCache
 
 AttentionFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -125,7 +125,7 @@ def attention_forward(
     attention_mask: torch.Tensor,
     *,
     cache_position: torch.Tensor,
-    past_key_values: Cache | None,
+    past_key_values: Cache | StaticLayerCache | None,
     scaling: float,
     dropout: float = 0.0,
     softcap: float | None = None,
@@ -134,10 +134,12 @@ def attention_forward(
     the query sees its own key), run the kernel of `module.config._attn_implementation` (`dropout` only while
     training), and merge the heads: `[batch, q_len, heads * head_dim]`, ready for the output projection.
 
-    `module` has `layer_idx` (its cache slot) and `config`; query is `[batch, heads, q_len, head_dim]`, key/value
+    `module` has `layer_idx` (its cache slot, unless `past_key_values` is already that slot) and `config`; query is `[batch, heads, q_len, head_dim]`, key/value
     `[batch, kv_heads, q_len, head_dim]`."""
-    if past_key_values is not None:
-        key, value = past_key_values.update(key, value, module.layer_idx, cache_position)  # [.., kv_len, ..]
+    if isinstance(past_key_values, StaticLayerCache):  # this layer's own slot (regional compilation): no index
+        key, value = past_key_values.update_layer(key, value, cache_position)  # [.., kv_len, ..]
+    elif past_key_values is not None:
+        key, value = past_key_values.update(key, value, module.layer_idx, cache_position)
     attention = get_attention_function(module.config._attn_implementation)
     attn_output, _ = attention(
         module,

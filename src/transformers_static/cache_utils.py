@@ -101,12 +101,12 @@ class StaticCache(Cache):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = key_states.shape[0]
-        keys = self.key_cache[layer_idx][:batch]  # [batch, kv_heads, max_cache_len, head_dim]
-        values = self.value_cache[layer_idx][:batch]
-        keys.index_copy_(2, cache_position, key_states.to(keys.dtype))
-        values.index_copy_(2, cache_position, value_states.to(values.dtype))
-        return keys, values
+        return self.layer(layer_idx).update_layer(key_states, value_states, cache_position)
+
+    def layer(self, layer_idx: int) -> StaticLayerCache:
+        """Layer `layer_idx`'s slot: what a compiled layer body gets instead of a layer index (see
+        StaticLayerCache)."""
+        return StaticLayerCache(self.key_cache[layer_idx], self.value_cache[layer_idx])
 
     def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         key_positions = self.key_positions[: position_ids.shape[0]]  # [batch, max_cache_len]
@@ -137,6 +137,26 @@ class StaticCache(Cache):
         """Zero every slot in place (shapes and addresses unchanged, so compiled graphs stay valid)."""
         for tensor in (*self.key_cache, *self.value_cache, self.key_positions):
             tensor.zero_()
+
+
+class StaticLayerCache:
+    """One layer's keys and values of a StaticCache `[max_batch_size, kv_heads, max_cache_len, head_dim]`.
+
+    Attention reaches it without a layer index (`attention_forward`), so identical decoder layers handed their
+    own slot compile to one shared body: a per-layer Python int would be a constant of each compiled graph."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+
+    def update_layer(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `[batch, kv_heads, q_len, head_dim]` at `cache_position`; return all slots of the batch's rows."""
+        batch = key_states.shape[0]
+        keys, values = self.keys[:batch], self.values[:batch]  # [batch, kv_heads, max_cache_len, head_dim]
+        keys.index_copy_(2, cache_position, key_states.to(keys.dtype))
+        values.index_copy_(2, cache_position, value_states.to(values.dtype))
+        return keys, values
 
 
 def cache_shape(config: PretrainedConfig) -> tuple[int, int, int]:

@@ -18,7 +18,9 @@ from torch import nn
 
 from .attention_utils import ATTENTION_FUNCTIONS
 from .configuration_utils import PretrainedConfig, resolve_dtype
+from .linear_utils import use_decode_linear
 from .modeling_attn_mask_utils import AttentionMaskConverter
+from .quantization import check_method, checkpoint_quantization, quantize_model
 from .utils.hub import resolve_pretrained_path
 
 logger = logging.getLogger(__name__)
@@ -66,9 +68,11 @@ class PreTrainedModel(nn.Module):
         return next(self.parameters()).device
 
     def post_init(self) -> None:
-        """Initialise weights (normal with the config's `initializer_range`) and tie them."""
+        """Initialise weights (normal with the config's `initializer_range`), tie them, and give linear layers the
+        compiled one-row kernel (`linear_utils.use_decode_linear`)."""
         self.apply(self._init_module)
         self.tie_weights()
+        use_decode_linear(self)
 
     def _init_module(self, module: nn.Module) -> None:
         std = getattr(self.config, "initializer_range", 0.02)
@@ -106,6 +110,7 @@ class PreTrainedModel(nn.Module):
         token: str | bool | None = None,
         gguf_file: str | None = None,
         tp_plan: str | None = None,
+        quantization: str | None = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
         """Load a checkpoint: config.json and model.safetensors (or its sharded index, or a pytorch_model.bin read
@@ -122,7 +127,8 @@ class PreTrainedModel(nn.Module):
         the checkpoint's tensors directly (no random initialisation, no second copy), so `low_cpu_mem_usage` is
         always on. `trust_remote_code` is never needed for the architectures here and is ignored with a warning.
         `tp_plan="auto"` inside a torchrun launch splits the model over the ranks by its plan, each rank reading only
-        its slices (integrations/tensor_parallel.py, docs/TENSOR_PARALLEL.md).
+        its slices (integrations/tensor_parallel.py, docs/TENSOR_PARALLEL.md). `quantization="int8"` quantizes the
+        linear layers' weights after loading (see `quantization`); a checkpoint saved quantized loads as it was saved.
         """
         _refuse_unsupported(kwargs)
         hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
@@ -135,10 +141,17 @@ class PreTrainedModel(nn.Module):
         _check_remote_code(config, trust_remote_code)
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
+        if quantization is not None:
+            check_method(quantization)
+        saved_quantized = checkpoint_quantization(config)
         target_dtype = resolve_dtype(dtype if dtype is not None else torch_dtype) or config.dtype or torch.float32
         with _default_dtype(target_dtype), _parameters_on_meta():
             model = cls(config)
+        if saved_quantized is not None:
+            quantize_model(model, saved_quantized, empty=True)  # int8 layers (on meta) that take the saved tensors
         if tp_plan is not None:
+            if quantization is not None or saved_quantized is not None:
+                raise NotImplementedError("tp_plan with an int8-quantized model is not supported: split a float model")
             if gguf_file is not None:
                 raise NotImplementedError(
                     "tp_plan with gguf_file is not supported (every rank would read and dequantize the whole file): "
@@ -152,6 +165,8 @@ class PreTrainedModel(nn.Module):
         else:
             device = resolve_device_map(device_map)
             model.load_checkpoint_state_dict(_read_weights(path, gguf_file, target_dtype), device=device)
+        if quantization is not None and saved_quantized is None:
+            quantize_model(model, quantization)
         model.load_pretrained_extras(path)
         return model.to(device).eval()
 

@@ -2,8 +2,9 @@
 
 For each scenario (preset x batch x prompt length) every variant makes `new_tokens` greedy tokens:
 
-1. a first call (compile included) at the scenario's prompt length, then a call at another prompt length
-   (to count what a new prompt length compiles);
+1. a first call (compile included, on an empty compile cache of its own: inductor's on-disk caches would
+   otherwise make it depend on earlier runs) at the scenario's prompt length, then a call at another prompt
+   length (to count what a new prompt length compiles);
 2. `repeats` timed runs, interleaved across variants so that machine noise hits them alike.
 
 A streamer timestamps each token: prefill ms is the time to the first new token, ms/token the mean gap between
@@ -18,11 +19,13 @@ import os
 import platform
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch._inductor.utils import fresh_cache
 
 from ..configuration_utils import PretrainedConfig
 from ..generation import GenerationConfig
@@ -39,8 +42,8 @@ from .measure import (
 from .presets import preset_path
 from .progress import Progress
 from .runners import (
-    OURS_COMPILED,
     OURS_EAGER,
+    OURS_INT8_COMPILED,
     UPSTREAM_COMPILED,
     UPSTREAM_EAGER,
     VARIANTS,
@@ -52,6 +55,12 @@ from .runners import (
 )
 
 NEW_PROMPT_LEN_OFFSET = 5  # the second call's prompt is this much longer
+
+# llama.cpp's decode ms/token on the issue's 2-core host (`llama-bench -p 16 -n 64`, 2 threads), by model and
+# weight type: the bar a CPU user compares with. Keyed by (model_type, hidden_size, layers, vocab).
+LLAMA_CPP_MS_PER_TOKEN = {
+    ("llama", 576, 30, 49152): {"float32": 17.6, "bfloat16": 8.2, "int8": 6.8},  # SmolLM2-135M (F32, BF16, Q8_0)
+}
 
 
 @dataclass
@@ -67,6 +76,8 @@ class BenchOptions:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     out: Path = Path("bench_results")
     seed: int = 0
+    user_compiled: bool = False  # add ours with the user's own torch.compile(model.forward)
+    quantization: str | None = None  # add ours quantized ("int8"), compiled
 
 
 @dataclass
@@ -88,6 +99,7 @@ class VariantResult:
     tokens_match_reference: bool | None = None
     x_floor: float | None = None
     vs_upstream_compiled: float | None = None
+    vs_llama_cpp: float | None = None  # where llama.cpp's figure for this model and weight type is known
     # Filled while running, not reported.
     _sequences: torch.Tensor | None = None
     _prefill: list[float] = field(default_factory=list)
@@ -127,6 +139,8 @@ def _warm_up_compiler(device: torch.device) -> None:
 def total_steps(options: BenchOptions) -> int:
     """Progress-bar length: every generate call of the run."""
     variants = 2 * (1 + options.compile) if options.upstream else 1 + options.compile
+    if options.compile:
+        variants += options.user_compiled + (options.quantization is not None)
     scenarios = len(options.presets) * len(options.batches) * len(options.prompt_lens)
     return scenarios * variants * (2 + options.repeats)
 
@@ -163,7 +177,9 @@ def run_scenario(scenario: Scenario, options: BenchOptions, bandwidth: float, ba
                 _timed_run(variant, results[variant.name], prompts[0], options)
             bar.update(1)
     floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
-    reference = _summarise(results, floor_ms)
+    floors = {v.name: decode_weight_bytes(v.model) / (bandwidth * 1e9) * 1e3 for v in variants if v.model is not None}
+    reference = _summarise(results, floor_ms, floors)
+    _compare_with_llama_cpp(results, scenario.config, options.dtype)
     return {
         "label": scenario.label,
         "preset": scenario.preset,
@@ -179,7 +195,16 @@ def run_scenario(scenario: Scenario, options: BenchOptions, bandwidth: float, ba
 
 
 def _variants(ours: torch.nn.Module, scenario: Scenario, options: BenchOptions) -> list[Variant]:
-    variants = ours_variants(ours, compile=options.compile)
+    def load(quantization: str | None) -> torch.nn.Module:
+        return load_ours(scenario.path, dtype=options.dtype, device=options.device, quantization=quantization)
+
+    variants = ours_variants(
+        ours,
+        compile=options.compile,
+        user_compiled=options.user_compiled,
+        quantization=options.quantization,
+        load=load,
+    )
     if options.upstream:
         longest = scenario.prompt_len + NEW_PROMPT_LEN_OFFSET
         variants += upstream_variants(
@@ -204,15 +229,23 @@ def _prompts(scenario: Scenario, options: BenchOptions) -> tuple[torch.Tensor, t
 def _first_calls(
     variant: Variant, result: VariantResult, prompts: tuple[torch.Tensor, torch.Tensor], options: BenchOptions
 ) -> None:
-    """The first call (timed, compile included; its tokens are compared) and one at a new prompt length."""
+    """The first call (timed, compile included on a cold compile cache of its own; its tokens are compared) and one
+    at a new prompt length."""
     try:
-        start = time.perf_counter()
-        result._sequences, result.graphs_first_call = _generate(variant, result, prompts[0], options)
-        result.first_call_s = time.perf_counter() - start
-        _, result.graphs_new_prompt_len = _generate(variant, result, prompts[1], options)
+        with fresh_cache() if variant.compiled else nullcontext():
+            _first_and_new_prompt_len(variant, result, prompts, options)
     except Exception as err:  # a variant that cannot run here is reported, not fatal
         result.available = False
         result.note = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+
+
+def _first_and_new_prompt_len(
+    variant: Variant, result: VariantResult, prompts: tuple[torch.Tensor, torch.Tensor], options: BenchOptions
+) -> None:
+    start = time.perf_counter()
+    result._sequences, result.graphs_first_call = _generate(variant, result, prompts[0], options)
+    result.first_call_s = time.perf_counter() - start
+    _, result.graphs_new_prompt_len = _generate(variant, result, prompts[1], options)
 
 
 def _timed_run(variant: Variant, result: VariantResult, prompt: torch.Tensor, options: BenchOptions) -> None:
@@ -242,9 +275,9 @@ def _generate(
     return sequences.cpu(), graphs
 
 
-def _summarise(results: dict[str, VariantResult], floor_ms: float) -> str:
+def _summarise(results: dict[str, VariantResult], floor_ms: float, floors: dict[str, float]) -> str:
     """Medians, token equality against the reference (returned: upstream eager, else ours eager), and
-    multiples of the floor and of upstream compiled."""
+    multiples of the floor (a variant's own where it has its own weights) and of upstream compiled."""
     name = UPSTREAM_EAGER if results.get(UPSTREAM_EAGER) and results[UPSTREAM_EAGER].available else OURS_EAGER
     reference = results[name]
     for result in results.values():
@@ -255,16 +288,25 @@ def _summarise(results: dict[str, VariantResult], floor_ms: float) -> str:
         result.prefill_ms = statistics.median(result._prefill)
         if reference.available:
             result.tokens_match_reference = bool(torch.equal(result._sequences, reference._sequences))
-        result.x_floor = result.ms_per_token["median"] / floor_ms
+        result.x_floor = result.ms_per_token["median"] / floors.get(result.variant, floor_ms)
         if result.variant.endswith("compiled") and not result.graphs_compiled:
             result.note += "; nothing was compiled: it ran eager"
     upstream = results.get(UPSTREAM_COMPILED)
     if upstream is not None and upstream.available:
-        for ours in (OURS_COMPILED, OURS_EAGER):
-            if ours in results and results[ours].available:
-                ratio = results[ours].ms_per_token["median"] / upstream.ms_per_token["median"]
-                results[ours].vs_upstream_compiled = ratio
+        for ours in results.values():
+            if ours.variant.startswith("ours") and ours.available:
+                ours.vs_upstream_compiled = ours.ms_per_token["median"] / upstream.ms_per_token["median"]
     return name
+
+
+def _compare_with_llama_cpp(results: dict[str, VariantResult], config: PretrainedConfig, dtype: torch.dtype) -> None:
+    """Each variant's ms/token as a multiple of llama.cpp's for the same model and weight type, where known."""
+    key = (config.model_type, config.hidden_size, config.num_hidden_layers, config.vocab_size)
+    figures = LLAMA_CPP_MS_PER_TOKEN.get(key, {})
+    for result in results.values():
+        weights = "int8" if result.variant == OURS_INT8_COMPILED else str(dtype).removeprefix("torch.")
+        if result.available and weights in figures:
+            result.vs_llama_cpp = result.ms_per_token["median"] / figures[weights]
 
 
 def _header(options: BenchOptions, bandwidth: float) -> dict[str, Any]:
@@ -292,6 +334,8 @@ def _header(options: BenchOptions, bandwidth: float) -> dict[str, Any]:
             "compile": options.compile,
             "upstream": options.upstream,
             "dtype": str(options.dtype).removeprefix("torch."),
+            "user_compiled": options.user_compiled,
+            "quantization": options.quantization,
         },
         "scenarios": [],
     }

@@ -136,8 +136,9 @@ def _synchronize(device: torch.device) -> None:
 
 
 def decode_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights one decode step must read: every parameter once, except embedding tables that only
-    serve a row lookup (a tied output head does read its table in full, so that one counts)."""
+    """Bytes of weights one decode step must read: every parameter and buffer once (int8 weights and their scales
+    are buffers), except embedding tables that only serve a row lookup (a tied output head does read its table in
+    full, so that one counts)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head = head if head is not None else getattr(model, "lm_head", None)
     head_weight = getattr(head, "weight", None)
@@ -146,7 +147,7 @@ def decode_weight_bytes(model: nn.Module) -> int:
     }
     seen: set[int] = set()
     total = 0
-    for param in model.parameters():  # parameters() yields each shared tensor once
+    for param in (*model.parameters(), *model.buffers()):
         if id(param) in lookup_only or id(param) in seen:
             continue
         seen.add(id(param))
@@ -162,9 +163,9 @@ def load_average() -> list[float] | None:
         return None
 
 
-def busy_warning() -> str | None:
-    """A warning when the 1-minute load is above half the CPUs, else None."""
-    load = load_average()
+def busy_warning(load: list[float] | None = None) -> str | None:
+    """A warning when the 1-minute load (now, or the `load` recorded) is above half the CPUs, else None."""
+    load = load_average() if load is None else load
     cpus = os.cpu_count() or 1
     if load is None or load[0] <= 0.5 * cpus:
         return None

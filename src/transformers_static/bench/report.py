@@ -17,6 +17,7 @@ COLUMNS = (
     ("= ref", "^"),
     ("x floor", ">"),
     ("vs upstream compiled", ">"),
+    ("vs llama.cpp", ">"),
 )
 
 
@@ -41,7 +42,6 @@ def _cells(result: dict[str, Any]) -> list[str]:
     ms = result["ms_per_token"]
     graphs = f"{result['graphs_compiled']} ({result['graphs_first_call']} / {result['graphs_new_prompt_len']})"
     match = {True: "yes", False: "NO", None: "-"}[result["tokens_match_reference"]]
-    ratio = result["vs_upstream_compiled"]
     return [
         f"{result['first_call_s']:.2f}",
         f"{ms['median']:.3f} [{ms['min']:.3f}-{ms['max']:.3f}]",
@@ -50,8 +50,18 @@ def _cells(result: dict[str, Any]) -> list[str]:
         f"{result['peak_memory_mb']:.0f} (+{result['peak_memory_increase_mb']:.0f})",
         match,
         f"{result['x_floor']:.1f}",
-        "" if ratio is None else f"{ratio:.2f}x",
+        format_ratio(result["vs_upstream_compiled"]),
+        format_ratio(result.get("vs_llama_cpp")),
     ]
+
+
+def format_ratio(ratio: float | None) -> str:
+    """A time ratio that cannot be misread: "0.46x (2.2x faster)", "1.30x (slower)", "1.00x (same)"; "" if None."""
+    if ratio is None:
+        return ""
+    if round(ratio, 2) == 1.0:
+        return f"{ratio:.2f}x (same)"
+    return f"{ratio:.2f}x ({1 / ratio:.1f}x faster)" if ratio < 1 else f"{ratio:.2f}x (slower)"
 
 
 def format_table(results: dict[str, Any], markdown: bool = False) -> str:
@@ -81,6 +91,8 @@ def footnotes(results: dict[str, Any]) -> list[str]:
         f"{results['options']['new_tokens']} new tokens, {results['options']['repeats']} timed runs; "
         f"load average {machine['load_average_at_start']} at start, {machine['load_average_at_end']} at end"
     ]
+    lines += [f"warning: {w}" for w in _busy_warnings(machine)]
+    lines.append("ratios are ms/token over the other's: below 1x is faster")
     for scenario in results["scenarios"]:
         lines.append(
             f"{scenario['label']}: decode floor {scenario['floor_ms_per_token']:.3f} ms/token "
@@ -92,6 +104,17 @@ def footnotes(results: dict[str, Any]) -> list[str]:
     notes = {(r["variant"], r["note"]) for s in results["scenarios"] for r in s["results"] if r["note"]}
     lines += [f"{variant}: {note}" for variant, note in sorted(notes)]
     return lines
+
+
+def _busy_warnings(machine: dict[str, Any]) -> list[str]:
+    from .measure import busy_warning
+
+    warnings = []
+    for when in ("start", "end"):
+        warning = busy_warning(machine.get(f"load_average_at_{when}"))
+        if warning is not None:
+            warnings.append(f"at {when}, {warning}")
+    return warnings
 
 
 def write_plot(results: dict[str, Any], path: Path) -> str | None:
@@ -115,7 +138,7 @@ def write_plot(results: dict[str, Any], path: Path) -> str | None:
         ax_ms.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
         bars = ax_first.bar(offset, first, width, label=variant, color=_COLORS.get(variant))
         ax_first.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
-    for ax, title in ((ax_ms, "decode ms/token (median, min-max)"), (ax_first, "first call s (compile included)")):
+    for ax, title in ((ax_ms, "decode ms/token (median, min-max)"), (ax_first, "first call s (cold compile cache)")):
         ax.set_xticks(range(len(scenarios)), [s["label"] for s in scenarios], rotation=15)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
@@ -144,6 +167,8 @@ _COLORS = {
     "upstream-compiled": "#606060",
     "ours-eager": "#8fbce6",
     "ours-compiled": "#1f5fa8",
+    "ours-user-compiled": "#5a8fc9",
+    "ours-int8-compiled": "#2e9e5b",
 }
 
 

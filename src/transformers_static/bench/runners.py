@@ -1,9 +1,12 @@
-"""The four ways a benchmark scenario generates: ours and upstream transformers, each eager and compiled.
+"""The ways a benchmark scenario generates: ours and upstream transformers, each eager and compiled, and on request
+ours with the user's own compiled forward and ours with int8 weights.
 
 Every runner is `run(input_ids, max_new_tokens, streamer) -> sequences`, greedy, with EOS disabled so every run
-makes exactly `max_new_tokens` tokens. Ours compiled is `generate(..., compile=True)`; upstream compiled is its
-static cache of a fixed `max_cache_len` with a `CompileConfig` (the way its documentation says), which on a
-device other than CUDA/XPU only compiles when the config's `_compile_all_devices` flag is set.
+makes exactly `max_new_tokens` tokens. Ours compiled is `generate(..., compile=True)`; ours user-compiled is
+`model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False)` then `generate(...)`; ours int8 is
+`from_pretrained(..., quantization="int8")` then `generate(..., compile=True)`. Upstream compiled is its static
+cache of a fixed `max_cache_len` with a `CompileConfig` (the way its documentation says), which on a device other
+than CUDA/XPU only compiles when the config's `_compile_all_devices` flag is set.
 """
 
 from __future__ import annotations
@@ -21,17 +24,20 @@ from ..models.auto import AutoModelForCausalLM
 Runner = Callable[[torch.Tensor, int, Any], torch.Tensor]
 
 OURS_EAGER, OURS_COMPILED = "ours-eager", "ours-compiled"
+OURS_USER_COMPILED, OURS_INT8_COMPILED = "ours-user-compiled", "ours-int8-compiled"
 UPSTREAM_EAGER, UPSTREAM_COMPILED = "upstream-eager", "upstream-compiled"
-VARIANTS = (UPSTREAM_EAGER, UPSTREAM_COMPILED, OURS_EAGER, OURS_COMPILED)
+VARIANTS = (UPSTREAM_EAGER, UPSTREAM_COMPILED, OURS_EAGER, OURS_COMPILED, OURS_USER_COMPILED, OURS_INT8_COMPILED)
 
 
 @dataclass
 class Variant:
-    """A named runner; `note` says why it is unavailable (then `run` is None) or how it ran."""
+    """A named runner; `note` says why it is unavailable (then `run` is None) or how it ran. `model` is ours when
+    the variant runs a model of its own (its weight bytes set its decode floor)."""
 
     name: str
     run: Runner | None
     note: str = ""
+    model: torch.nn.Module | None = None
 
     @property
     def compiled(self) -> bool:
@@ -47,25 +53,46 @@ def upstream_version() -> str | None:
     return transformers.__version__
 
 
-def load_ours(path: Path, *, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
+def load_ours(
+    path: Path, *, dtype: torch.dtype, device: torch.device, quantization: str | None = None
+) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device, quantization=quantization)
 
 
-def ours_variants(model: Any, *, compile: bool) -> list[Variant]:
-    """Ours eager (`generate`) and compiled (`generate(..., compile=True)`), on the static path (the default)."""
-
-    def runner(compiled: bool) -> Runner:
-        def run(input_ids: torch.Tensor, max_new_tokens: int, streamer: Any) -> torch.Tensor:
-            return model.generate(
-                input_ids, max_new_tokens=max_new_tokens, eos_token_id=None, streamer=streamer, compile=compiled
-            )
-
-        return run
-
-    variants = [Variant(OURS_EAGER, runner(False), "static cache")]
-    if compile:
-        variants.append(Variant(OURS_COMPILED, runner(True), "static cache, generate(compile=True)"))
+def ours_variants(
+    model: Any,
+    *,
+    compile: bool,
+    user_compiled: bool = False,
+    quantization: str | None = None,
+    load: Callable[..., torch.nn.Module] | None = None,
+) -> list[Variant]:
+    """Ours eager (`generate`) and compiled (`generate(..., compile=True)`), on the static path (the default); with
+    `user_compiled` and `quantization` (which need `compile`), ours with its forward compiled by the user and ours
+    quantized, each a model of its own made by `load(quantization=...)`."""
+    variants = [Variant(OURS_EAGER, _ours_runner(model, False), "static cache")]
+    if not compile:
+        return variants
+    variants.append(Variant(OURS_COMPILED, _ours_runner(model, True), "static cache, generate(compile=True)"))
+    if user_compiled:
+        own = load(quantization=None)
+        own.forward = torch.compile(own.forward, fullgraph=True, dynamic=False)
+        note = "model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False)"
+        variants.append(Variant(OURS_USER_COMPILED, _ours_runner(own, False), note, own))
+    if quantization is not None:
+        quantized = load(quantization=quantization)
+        note = f"from_pretrained(quantization={quantization!r}), generate(compile=True); tokens may differ"
+        variants.append(Variant(OURS_INT8_COMPILED, _ours_runner(quantized, True), note, quantized))
     return variants
+
+
+def _ours_runner(model: Any, compiled: bool) -> Runner:
+    def run(input_ids: torch.Tensor, max_new_tokens: int, streamer: Any) -> torch.Tensor:
+        return model.generate(
+            input_ids, max_new_tokens=max_new_tokens, eos_token_id=None, streamer=streamer, compile=compiled
+        )
+
+    return run
 
 
 def upstream_variants(

@@ -59,6 +59,12 @@ def add_device_args(parser: argparse.ArgumentParser, default_dtype: str) -> None
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available)")
 
 
+def add_quantization_arg(parser: argparse.ArgumentParser, help: str) -> None:
+    from ..quantization import QUANTIZATION_METHODS
+
+    parser.add_argument("--quantization", choices=QUANTIZATION_METHODS, default=None, help=help)
+
+
 def parse_device(args: argparse.Namespace) -> torch.device:
     name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -1,20 +1,32 @@
 """`transformers-static bench`: ours vs upstream transformers, eager and compiled, on the same weights.
 
 transformers-static bench [--arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
-                          [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream] [--tp N]
+                          [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream]
+                          [--user-compiled] [--quantization int8] [--tp N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..bench.presets import DEFAULT_PRESET_FOR_ARCH, get_preset
-from .args import PROG, UsageError, add_device_args, int_list, name_list, parse_device, positive_int
+from .args import (
+    PROG,
+    UsageError,
+    add_device_args,
+    add_quantization_arg,
+    int_list,
+    name_list,
+    parse_device,
+    positive_int,
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -39,6 +51,12 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--no-compile", action="store_true", help="eager variants only (fast)")
     parser.add_argument("--no-upstream", action="store_true", help="ours only, even if transformers is installed")
+    parser.add_argument(
+        "--user-compiled",
+        action="store_true",
+        help="add ours with the user's own torch.compile(model.forward, fullgraph=True, dynamic=False)",
+    )
+    add_quantization_arg(parser, "add ours with int8 weight-only linear layers, generate(compile=True)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument(
         "--tp",
@@ -60,8 +78,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.new_tokens < 2:
         raise UsageError("argument --new-tokens: must be >= 2 (decode time is measured between new tokens)")
+    if args.no_compile and (args.user_compiled or args.quantization):
+        raise UsageError("--user-compiled and --quantization add compiled variants: drop --no-compile")
+    presets = _bench_presets(args)
+    out = args.out or cache_root() / "bench"
+    _check_writable(out)
     options = BenchOptions(
-        presets=_bench_presets(args),
+        presets=presets,
         batches=args.batch,
         prompt_lens=args.prompt_len,
         new_tokens=args.new_tokens,
@@ -70,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
         upstream=not args.no_upstream and args.tp is None,  # --tp compares ours with ours
         dtype=getattr(torch, args.dtype),
         device=parse_device(args),
-        out=args.out or cache_root() / "bench",
+        out=out,
         seed=args.seed,
+        user_compiled=args.user_compiled,
+        quantization=args.quantization,
     )
     if options.upstream and upstream_version() is None:
         print(f"{PROG}: upstream transformers is not installed: benchmarking ours only", file=sys.stderr)
@@ -92,6 +117,17 @@ def _run_tensor_parallel(options: Any, world_size: int) -> int:
     print(format_tp_table(results))
     print(f"\nwrote {options.out / 'tp_results.json'}")
     return 0
+
+
+def _check_writable(out: Path) -> None:
+    """A usage error, before anything runs, when results could not be written to `out`."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise UsageError(f"argument --out: cannot write results to {os.fspath(out)!r}: {reason}") from err
 
 
 def _warn_if_busy() -> None:

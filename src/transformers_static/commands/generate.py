@@ -1,7 +1,8 @@
-"""`transformers-static generate`: stream tokens from a checkpoint directory or an embedded preset.
+"""`transformers-static generate`: stream tokens from a checkpoint directory, a GGUF file or an embedded preset.
 
-transformers-static generate [MODEL_DIR | --preset NAME] (--prompt TEXT | --input-ids 1,2,3) [--max-new-tokens N]
-                             [--compile] [--sample --temperature T --top-k K --top-p P --seed S] [--dtype D]
+transformers-static generate [MODEL_DIR | FILE.gguf | --preset NAME] (--prompt TEXT [--chat] | --input-ids 1,2,3)
+                             [--max-new-tokens N] [--compile] [--sample --temperature T --top-k K --top-p P --seed S]
+                             [--dtype D] [--quantization int8] [--compile-cache DIR]
 
 Under `torchrun --nproc-per-node N -m transformers_static generate ...` the model is split over the N ranks
 (`tp_plan="auto"`); every rank generates the same tokens and only rank 0 prints.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
+import os
 import statistics
 import sys
 import time
@@ -22,7 +24,15 @@ from typing import Any
 import torch
 
 from ..bench.presets import DEFAULT_PRESET, PRESETS, PresetUnavailableError, checkpoint_path, preset_path
-from .args import UsageError, add_device_args, id_list, parse_device, parse_dtype, positive_int
+from .args import (
+    UsageError,
+    add_device_args,
+    add_quantization_arg,
+    id_list,
+    parse_device,
+    parse_dtype,
+    positive_int,
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -43,12 +53,20 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N")
     parser.add_argument("--compile", action="store_true", help="generate(compile=True): compile the forward once")
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        metavar="DIR",
+        help="keep the compiler's caches in DIR (TORCHINDUCTOR_CACHE_DIR): a later run's first call compiles "
+        "from them (default: inductor's own, under the temp dir)",
+    )
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     add_device_args(parser, default_dtype="auto")
+    add_quantization_arg(parser, "int8: int8 weight-only linear layers (from_pretrained(..., quantization='int8'))")
     parser.set_defaults(handler=run, parser=parser)
 
 
@@ -60,11 +78,13 @@ def run(args: argparse.Namespace) -> int:
 
     sampling = _sampling_options(args, GenerationConfig)
     path = _checkpoint_dir(args)
+    if args.compile_cache is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(args.compile_cache.expanduser().resolve())
     vocab_size = _load(path, lambda: AutoConfig.from_pretrained(path)).vocab_size
     input_ids, tokenizer = _prompt_ids(args, path, vocab_size)  # checked before the (slow) weight load
     device = parse_device(args)
     tp_plan = "auto" if in_distributed_launch() else None  # torchrun: split the model over the ranks
-    options = dict(dtype=parse_dtype(args), device_map=str(device), tp_plan=tp_plan)
+    options = dict(dtype=parse_dtype(args), device_map=str(device), tp_plan=tp_plan, quantization=args.quantization)
     model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, **options))
     printing = tp_plan is None or torch.distributed.get_rank() == 0
     stream = None if printing else io.StringIO()  # other ranks: kept, not shown

@@ -24,6 +24,7 @@ import torch
 from ..cache_utils import DynamicCache, StaticCache
 from ..configuration_utils import PretrainedConfig
 from ..modeling_attn_mask_utils import StaticDecodeMask, mask_converters, position_ids_from_padding
+from .compilation import compile_forward, default_strategy
 from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig, generation_lengths
 from .logits_process import LogitsProcessing, logits_processing, next_tokens
 from .prompt import prepare_prompt
@@ -105,7 +106,7 @@ class GenerationMixin:
         streamer: Streamer | None = None,
         generator: torch.Generator | None = None,
         past_key_values: StaticCache | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
         tokenizer: Tokenizer | None = None,
         **kwargs: Any,
     ) -> torch.Tensor | GenerateDecoderOnlyOutput:
@@ -115,9 +116,9 @@ class GenerationMixin:
         model's `generation_config`, as upstream layers them; a value asking for what this library does not do (beam
         search, assisted decoding, ...) raises NotImplementedError. Right padding is moved to the left (the returned
         prompt is left-padded). `generator` seeds sampling; `past_key_values` supplies a StaticCache to fill;
-        `tokenizer` decodes for `stop_strings`; `compile=True` runs the decode steps through a forward compiled for
-        the device (`compiled_forward`; the prefill runs eager, as upstream's compiled generation does, so a first
-        call compiles one graph; logits processing runs eager, and is compile-ready). Returns
+        `tokenizer` decodes for `stop_strings`; `compile=True` (or "full" / "regional") runs the decode steps through a
+        forward compiled once for the device (`compiled_forward`; the prefill runs eager, as upstream's compiled
+        generation does; logits processing runs eager, and is compile-ready). Returns
         `[batch, prompt_len + new]` token ids, or a GenerateDecoderOnlyOutput when `return_dict_in_generate`.
         """
         config, default_max_length, default_min_length = self._generation_config(generation_config, kwargs)
@@ -151,7 +152,7 @@ class GenerationMixin:
         )
         stops = self._host_stops(config, tokenizer, input_ids, attention_mask)
         if compile:
-            session.forward = self.compiled_forward()
+            session.forward = self.compiled_forward(compile)
         if streamer is not None:
             streamer.put(input_ids.cpu())
         new_tokens, scores, all_logits = self._decode(
@@ -168,20 +169,18 @@ class GenerationMixin:
             )
         return sequences
 
-    def compiled_forward(self) -> Callable[..., Any]:
-        """This model's forward compiled once for its device: CUDA graphs (`reduce-overhead`) on CUDA, inductor's
-        default elsewhere; `fullgraph=True`, `dynamic=False`.
+    def compiled_forward(self, strategy: bool | str = True) -> Callable[..., Any]:
+        """This model's forward compiled once for its device (kept on the model; see `generation.compilation`).
 
-        Guards on module state are skipped (a few hundred microseconds per step on CPU): the compiled forward
-        assumes the model is not changed after its first call (weights may be updated in place; switching
-        train/eval or the attention implementation needs a new model object or `torch._dynamo.reset()`)."""
-        if getattr(self, "_compiled_forward", None) is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-            self._compiled_forward = torch.compile(
-                self.forward, mode=mode, fullgraph=True, dynamic=False, options=options
-            )
-        return self._compiled_forward
+        `strategy`: "full" (the whole forward as one graph), "regional" (one shared compiled body for the decoder
+        layers, one for the LM head; a fraction of the compile time) or True: the device's default, full with CUDA
+        graphs (`mode="reduce-overhead"`) on CUDA, regional elsewhere."""
+        strategy = default_strategy(self.device) if strategy is True else strategy
+        if getattr(self, "_compiled_forwards", None) is None:
+            self._compiled_forwards: dict[str, Callable[..., Any]] = {}
+        if strategy not in self._compiled_forwards:
+            self._compiled_forwards[strategy] = compile_forward(self, strategy)
+        return self._compiled_forwards[strategy]
 
     # ------------------------------------------------------------------ setup
     def _generation_config(

@@ -1,0 +1,68 @@
+"""Linear layers' kernels: aten's `F.linear`, or, for one-row products inside a compiled graph, a reduction that
+the compiler generates.
+
+A decode step multiplies one row per sequence (`[batch, 1, in]`) by every weight matrix: it is bound by how fast
+the weights are read. The reduction `(x * weight).sum(-1)`, written out for inductor, becomes one vectorised loop
+over the weight into which the bias, an int8 dequantisation and the neighbouring elementwise ops fuse; aten's
+one-row `F.linear` (a BLAS gemv) is a separate call that, on some CPUs, reads well below memory bandwidth. The
+choice is made while tracing, from static facts only (`torch.compiler.is_compiling()`, the input's shape and
+device, the weight's dtype; see `use_reduction`), so a compiled decode graph gets the reduction, prefill
+(`q_len > 1`) keeps `F.linear`, and eager code is unchanged.
+
+Models keep `nn.Linear` in their files (upstream's shape and parameter names): `PreTrainedModel.post_init` turns
+each plain `nn.Linear` into a `DecodeLinear` (same parameters, same state dict, a subclass) with `use_decode_linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def use_reduction(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `x @ weight.T` is written as a reduction: only while compiling, for one token per sequence (`x`
+    `[..., 1, in]`), and then for an int8 weight (its dequantisation must fuse into the product), or for a float
+    weight on CPU with a single row in all (one sequence: batched rows and other devices keep aten's GEMM, which
+    reads the weight once for all rows). Static facts at trace time."""
+    if not (torch.compiler.is_compiling() and x.dim() >= 2 and x.shape[-2] == 1):
+        return False
+    return weight.dtype == torch.int8 or (x.device.type == "cpu" and x.numel() == x.shape[-1])
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`x @ (weight * scale[:, None]).T + bias` for `x` `[..., in]`, `weight` `[out, in]` (any dtype: an int8 weight
+    with its per-output-channel `scale` `[out]` is dequantised here), in `x`'s dtype.
+
+    Under compile (see `use_reduction`) a float32 reduction over `in` that reads the weight in its own dtype,
+    vectorised along `in`; otherwise `F.linear` on the weight cast to `x`'s dtype."""
+    if use_reduction(x, weight):
+        y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)  # [..., 1, out], accumulated in float32
+        if scale is not None:
+            y = y * scale.float()
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(x.dtype)
+    y = F.linear(x, weight.to(x.dtype))  # [..., out]
+    if scale is not None:
+        y = y * scale.to(x.dtype)
+    return y if bias is None else y + bias.to(x.dtype)
+
+
+class DecodeLinear(nn.Linear):
+    """`nn.Linear` whose one-row products under compile are a generated reduction (see `linear`); identical
+    parameters, state dict and eager behaviour."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_reduction(x, self.weight):
+            return linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def use_decode_linear(model: nn.Module) -> None:
+    """Turn every plain `nn.Linear` of `model` into a `DecodeLinear`, in place (parameters untouched)."""
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = DecodeLinear

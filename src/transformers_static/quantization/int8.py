@@ -1,0 +1,61 @@
+"""int8 weight-only linear layers: per-output-channel symmetric int8 weights, activations in the model dtype.
+
+`weight` `[out, in]` int8 and `weight_scale` `[out]` (model dtype) hold `W ~= weight * weight_scale[:, None]` with
+`weight_scale = max|W[row]| / 127` and `weight = round(W / weight_scale)` in [-127, 127]. The product dequantises
+inside `linear_utils.linear`: under compile, a one-row product reads the int8 weight once in a fused reduction.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..linear_utils import linear
+
+INT8_MAX = 127
+
+
+def quantize_weight(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` `[out, in]` (float) -> (int8 `[out, in]`, scale `[out]` in `scale_dtype`), symmetric per output
+    channel; the int8 values are rounded against the scale as stored. An all-zero row gets scale 1."""
+    weight = weight.detach().float()
+    absmax = weight.abs().amax(dim=1)  # [out]
+    scale = torch.where(absmax > 0, absmax / INT8_MAX, torch.ones_like(absmax)).to(scale_dtype)
+    quantized = torch.round(weight / scale.float()[:, None]).clamp(-INT8_MAX, INT8_MAX)
+    return quantized.to(torch.int8), scale
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with an int8 weight and a per-output-channel scale; bias and output in the model dtype."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device: torch.device | None = None
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("weight_scale", torch.ones(out_features, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+
+    @classmethod
+    def from_linear(cls, module: nn.Linear) -> Int8Linear:
+        """Quantize a float `nn.Linear` (its weight is read, not kept)."""
+        weight = module.weight
+        layer = cls(module.in_features, module.out_features, module.bias is not None, weight.dtype, weight.device)
+        quantized, scale = quantize_weight(weight, weight.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(quantized)
+            layer.weight_scale.copy_(scale)
+            if module.bias is not None:
+                layer.bias.copy_(module.bias)
+        return layer
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """`[out, in]` in the scale's dtype: what the layer multiplies by."""
+        return self.weight.to(self.weight_scale.dtype) * self.weight_scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.weight_scale)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

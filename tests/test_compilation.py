@@ -1,0 +1,139 @@
+"""generate(compile=...): regional compilation (one body shared by identical decoder layers) and the strategies.
+
+Compiled with backend="eager": what matters is how many graphs dynamo makes, what is in them and what they compute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+import transformers
+from torch._dynamo.testing import EagerAndRecordGraphs
+
+from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, StaticCache
+from transformers_static.attention_utils import attention_forward
+from transformers_static.generation.compilation import compile_forward, decoder_layers, default_strategy
+
+VOCAB = 64
+
+CONFIGS = {
+    # Six identical layers: without a shared body, each layer's index would be a new graph (a recompile each).
+    "llama": transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    # Sliding layers above full ones: a layer of the other kind is traced again (its kind is guarded) and, its
+    # graph being the same with the other mask as input, calls the same compiled body.
+    "qwen2": transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, use_sliding_window=True, max_window_layers=2, sliding_window=3,
+        initializer_range=0.3,
+    ),
+    # GPT-2: learned positions (a position table), its own block layout.
+    "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=64),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def arch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp(request.param)
+    transformers.AutoModelForCausalLM.from_config(CONFIGS[request.param]).save_pretrained(path)
+    return request.param, path
+
+
+def left_padded(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[1:, :3] = 0
+    return ids, mask
+
+
+def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) -> None:
+    """One graph for the step, on the first call only; in it, every layer calls one compiled region."""
+    _, path = arch
+    model = AutoModelForCausalLM.from_pretrained(path)
+    calls = [(left_padded(2, 7, 0), 8), (left_padded(2, 12, 1), 13)]
+    expected = [
+        model.generate(ids, attention_mask=mask, max_new_tokens=n, eos_token_id=None) for (ids, mask), n in calls
+    ]
+    torch._dynamo.reset()
+    backend = EagerAndRecordGraphs()
+    model._compiled_forwards = {"regional": compile_forward(model, "regional", backend=backend)}
+    try:
+        for i, ((ids, mask), n) in enumerate(calls):
+            with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                got = model.generate(ids, attention_mask=mask, max_new_tokens=n, eos_token_id=None, compile="regional")
+            assert torch.equal(got, expected[i])
+    finally:
+        torch._dynamo.reset()
+    (graph,) = backend.graphs
+    calls = [node for node in graph.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == model.config.num_hidden_layers
+    assert len({node.args[0].target for node in calls}) == 1
+
+
+def test_other_caches_run_the_plain_compiled_forward(arch: tuple[str, Path]) -> None:
+    _, path = arch
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids, mask = left_padded(2, 7, 0)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=5, cache_implementation="dynamic")
+    torch._dynamo.reset()
+    backend = EagerAndRecordGraphs()
+    model._compiled_forwards = {"regional": compile_forward(model, "regional", backend=backend)}
+    try:
+        kwargs = dict(attention_mask=mask, max_new_tokens=5, cache_implementation="dynamic", compile="regional")
+        with torch._dynamo.config.patch(recompile_limit=16):  # a growing cache: a graph per step
+            got = model.generate(ids, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got, expected) and backend.graphs
+    assert not [n for g in backend.graphs for n in g.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+
+
+def test_a_layer_reaches_its_slot_without_an_index() -> None:
+    """attention_forward writes to the slot it is handed; the module needs no layer_idx (nothing per layer to bake
+    into a shared body)."""
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    cache = StaticCache(config, max_batch_size=1, max_cache_len=8)
+    module = torch.nn.Module()
+    module.config = type("Config", (), {"_attn_implementation": "sdpa"})()
+    query, key, value = (torch.randn(1, 4, 1, 8) for _ in range(3))
+    mask = torch.zeros(1, 1, 1, 8, dtype=torch.bool)
+    mask[..., 2] = True
+    attention_forward(module, query, key, value, mask, cache_position=torch.tensor([2]),
+                      past_key_values=cache.layer(1), scaling=1.0)  # fmt: skip
+    assert torch.equal(cache.key_cache[1][0, :, 2], key[0, :, 0]) and not cache.key_cache[0].any()
+
+
+def test_decoder_layers_and_strategies() -> None:
+    llama = LlamaForCausalLM(LlamaConfig(**CONFIGS["llama"].to_dict()))
+    assert decoder_layers(llama) == list(llama.model.layers)
+    assert default_strategy(torch.device("cpu")) == "regional" and default_strategy(torch.device("cuda")) == "full"
+    with pytest.raises(ValueError, match="Unknown compile strategy 'fast'"):
+        llama.generate(torch.tensor([[5, 6]]), max_new_tokens=2, compile="fast")
+
+
+@pytest.mark.parametrize("strategy", ["full", "regional"])
+def test_two_models_of_one_class_never_share_a_graph_they_differ_in(
+    strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled code is cached per function, so a second model of the same class finds the first one's graphs: the
+    guards on the module's constants (here the norms' eps) must stay, or it silently runs the first one's."""
+    compile_eagerly = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compile_eagerly(*a, **{**k, "backend": "eager"}))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    torch._dynamo.reset()
+    try:
+        for eps in (1e-6, 100.0):
+            torch.manual_seed(0)
+            config = LlamaConfig(**{**CONFIGS["llama"].to_dict(), "rms_norm_eps": eps, "num_hidden_layers": 2})
+            model = LlamaForCausalLM(config).eval()
+            kwargs = dict(max_new_tokens=4, return_dict_in_generate=True, output_logits=True)
+            expected, got = model.generate(ids, **kwargs), model.generate(ids, compile=strategy, **kwargs)
+            torch.testing.assert_close(got.logits[-1], expected.logits[-1], rtol=1e-5, atol=1e-5)
+    finally:
+        torch._dynamo.reset()

@@ -1,0 +1,144 @@
+"""int8 weight-only quantization: what it replaces, its accuracy, the saved format, and compiling it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+import transformers
+from safetensors import safe_open
+from torch import nn
+
+from transformers_static import AutoModelForCausalLM
+from transformers_static.generation.compilation import compile_forward
+from transformers_static.quantization import Int8Linear, quantize_weight
+
+from .models.causal_lm_tester import count_graphs
+
+VOCAB = 96
+TEXT_FILE = Path(__file__).parent / "fixtures" / "declaration_of_independence.txt"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny tied Llama with a bias-free body and noise on every weight."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    path = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(path)
+    return path
+
+
+def test_quantize_weight_is_symmetric_per_output_channel() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(6, 32)
+    weight[2] = 0.0
+    quantized, scale = quantize_weight(weight, torch.float32)
+    assert quantized.dtype == torch.int8 and scale.shape == (6,)
+    assert quantized.abs().amax(dim=1).tolist() == [127, 127, 0, 127, 127, 127]  # each row's max reaches 127
+    torch.testing.assert_close(scale[[0, 1]], weight[[0, 1]].abs().amax(dim=1) / 127)
+    error = (quantized.float() * scale[:, None] - weight).abs()
+    assert bool((error <= scale[:, None] / 2 + 1e-7).all())  # rounding to the nearest step
+
+
+def test_every_linear_and_the_tied_head_become_int8(checkpoint: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int8")
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert len(layers) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
+    assert not [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert isinstance(model.lm_head, Int8Linear) and model.lm_head.weight.dtype == torch.int8
+    assert not model.config.tie_word_embeddings  # the head holds its own int8 copy
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+
+
+def mean_loss(model: nn.Module, ids: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float(model(ids, labels=ids).loss)
+
+
+def test_loss_within_one_percent_of_float(checkpoint: Path) -> None:
+    """The quality bound the real model is held to (docs/BENCHMARK.md), on a tiny model: the mean next-token loss
+    on 1,024 tokens (the committed text's bytes, folded into the vocabulary) moves by less than 1%."""
+    ids = torch.tensor(list(TEXT_FILE.read_bytes()[:1024])) % VOCAB
+    fp = AutoModelForCausalLM.from_pretrained(checkpoint)
+    int8 = AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int8")
+    fp_loss, int8_loss = mean_loss(fp, ids[None]), mean_loss(int8, ids[None])
+    assert abs(int8_loss - fp_loss) / fp_loss < 0.01, (fp_loss, int8_loss)
+    logits = fp(ids[None, :64]).logits
+    assert (int8(ids[None, :64]).logits - logits).abs().max() < 0.05 * logits.abs().max()
+
+
+def test_save_pretrained_round_trip_is_exact(checkpoint: Path, tmp_path: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int8")
+    model.save_pretrained(tmp_path)
+    marker = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert marker["format"] == "transformers_static" and marker["method"] == "int8" and "quant_method" not in marker
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("lm_head.weight").dtype == torch.int8
+        assert f.get_tensor("model.layers.0.mlp.up_proj.weight_scale").shape == (96,)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.state_dict().keys() == model.state_dict().keys()
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], tensor), key
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    assert torch.equal(
+        AutoModelForCausalLM.from_pretrained(tmp_path, quantization="int8").lm_head.weight, model.lm_head.weight
+    )
+
+
+def test_upstream_refuses_a_quantized_checkpoint(checkpoint: Path, tmp_path: Path) -> None:
+    """Upstream must not load int8 values as float weights: the marker makes it raise."""
+    AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int8").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="quant_method"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_foreign_quantization_config_and_unknown_method_are_refused(checkpoint: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"Unknown quantization 'int4'; expected one of \['int8'\]"):
+        AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int4")
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((checkpoint / name).read_bytes())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_8bit": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quantized with 'bitsandbytes', which transformers_static cannot load"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_int8_decode_compiles_once(checkpoint: Path) -> None:
+    """The user's own compiled forward: two graphs on the first call, none later; tokens equal the eager int8
+    model's. And generate's regional compile: one graph, on the first call only."""
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int8")
+    ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    calls = [
+        dict(input_ids=ids, max_new_tokens=6, eos_token_id=None),
+        dict(input_ids=ids[:, 3:], max_new_tokens=9, eos_token_id=None),
+    ]
+    counts, outputs = count_graphs(model, calls, then_no_recompile=True)
+    assert counts == [2, 2]
+    for call, out in zip(calls, outputs, strict=True):
+        assert torch.equal(out, model.generate(**call))
+    counter = torch._dynamo.testing.CompileCounter()
+    model._compiled_forwards = {"regional": compile_forward(model, "regional", backend=counter)}
+    try:
+        for call, expected in zip(calls, outputs, strict=True):
+            assert torch.equal(model.generate(**call, compile="regional"), expected)
+        assert counter.frame_count == 1  # one graph, its layers one shared region
+    finally:
+        torch._dynamo.reset()
