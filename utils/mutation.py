@@ -49,6 +49,7 @@ PROCESSORS = "tests/generation/test_processors.py::"
 GEN_CONFIG_TESTS = "tests/generation/test_config.py::"
 GEN_INPUTS = "tests/generation/test_inputs.py::"
 TP, TP_CHECKPOINTS = "tests/test_tensor_parallel.py::", "TRANSFORMERS_STATIC_TP_CHECKPOINTS"
+COMPILATION = "tests/test_compilation.py::"
 LLAMA = "tests/models/llama/test_modeling_llama.py::LlamaParityTest::"
 LLAMA_TIED = "tests/models/llama/test_modeling_llama.py::LlamaTiedLlama3RopeParityTest::"
 GPT2 = "tests/models/gpt2/test_modeling_gpt2.py::GPT2ParityTest::"
@@ -437,6 +438,108 @@ MUTANTS = (
         "text.find(s, max(before - len(s) + 1, 0)) != -1",
         "text.find(s) != -1",
         "tests/generation/test_stopping.py::test_stop_strings_stop_rows_where_upstream_does",
+    ),
+    # --- loading: from_pretrained arguments, meta-device loading, GGUF, the Hub cache
+    mutant(
+        "torch-dtype-alias-ignored",
+        MODELING,
+        "resolve_dtype(dtype if dtype is not None else torch_dtype)",
+        "resolve_dtype(dtype)",
+        "tests/test_from_pretrained_arguments.py::test_dtype_arguments_as_upstream[kwargs2]",
+    ),
+    mutant(
+        "parameters-initialised-before-loading",
+        MODELING,
+        "        if param is not None and not param.is_meta:\n",
+        "        if False:\n",
+        "tests/test_from_pretrained_arguments.py::test_loading_initialises_no_real_weight",
+    ),
+    mutant(
+        "gguf-llama-rows-left-permuted",
+        "modeling_gguf_pytorch_utils.py",
+        "    return {stem: paired.transpose(1, 2).reshape(tensor.shape)}",
+        "    return {stem: tensor}",
+        "tests/test_gguf.py::GGUFArchitectureTest::test_logits_match_upstream_and_safetensors_08_llama",
+    ),
+    mutant(
+        "gguf-gemma-norms-keep-llama-cpp-plus-one",
+        "modeling_gguf_pytorch_utils.py",
+        'return {stem: tensor - 1 if stem.endswith("norm") else tensor}',
+        "return {stem: tensor}",
+        "tests/test_gguf.py::GGUFArchitectureTest::test_logits_match_upstream_and_safetensors_03_gemma",
+    ),
+    mutant(
+        "hub-id-read-from-the-wrong-revision",
+        "utils/hub.py",
+        'hub = {"revision": revision, "cache_dir": cache_dir, "token": token}',
+        'hub = {"revision": None, "cache_dir": cache_dir, "token": token}',
+        "tests/test_hub.py::test_resolver_reads_refs_and_commits",
+    ),
+    # --- the drop-in surface: tokenizers, chat templates, streamers
+    mutant(
+        "chat-template-without-trim-blocks",
+        "utils/chat_template_utils.py",
+        "ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,",
+        "ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=True,",
+        "tests/test_chat_template.py::test_rendered_text_and_ids_match_upstream[True-features]",
+    ),
+    mutant(
+        "streamer-flushes-mid-word",
+        "generation/streamers.py",
+        'printable = text[self.print_len : text.rfind(" ") + 1]',
+        "printable = text[self.print_len :]",
+        "tests/test_streamers.py::test_chunks_match_upstream[smollm-kwargs0]",
+    ),
+    # --- decode speed: compilation, decode kernels, int8
+    mutant(
+        "compiled-forward-skips-module-guards",
+        "generation/compilation.py",
+        'COMPILE_OPTIONS = {"fullgraph": True, "dynamic": False}',
+        'COMPILE_OPTIONS = {"fullgraph": True, "dynamic": False, '
+        '"options": {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}}',
+        COMPILATION + "test_two_models_of_one_class_never_share_a_graph_they_differ_in[full]",
+    ),
+    mutant(
+        "every-layer-writes-the-first-cache-slot",
+        "generation/compilation.py",
+        "layer.forward = self._layer_call(layer, cache.layer(index))",
+        "layer.forward = self._layer_call(layer, cache.layer(0))",
+        COMPILATION + "test_layers_share_one_body_and_tokens_equal_eager[llama]",
+    ),
+    mutant(
+        "batched-rows-as-a-reduction",
+        "linear_utils.py",
+        'return weight.dtype == torch.int8 or (x.device.type == "cpu" and x.numel() == x.shape[-1])',
+        'return weight.dtype == torch.int8 or x.device.type == "cpu"',
+        "tests/test_linear_utils.py::test_decode_graph_reads_weights_in_a_reduction_and_prefill_keeps_f_linear",
+    ),
+    mutant(
+        "reduction-outside-compile",
+        "linear_utils.py",
+        "if not (torch.compiler.is_compiling() and x.dim() >= 2 and x.shape[-2] == 1):",
+        "if not (x.dim() >= 2 and x.shape[-2] == 1):",
+        "tests/test_linear_utils.py::test_eager_is_f_linear_exactly[1]",
+    ),
+    mutant(
+        "int8-scale-over-128",
+        "quantization/int8.py",
+        "absmax / INT8_MAX",
+        "absmax / 128",
+        "tests/test_quantization.py::test_quantize_weight_is_symmetric_per_output_channel",
+    ),
+    mutant(
+        "int8-marker-names-a-quant-method",
+        "quantization/__init__.py",
+        '        "format": FORMAT,\n',
+        '        "format": FORMAT,\n        "quant_method": "int8",\n',
+        "tests/test_quantization.py::test_upstream_refuses_a_quantized_checkpoint",
+    ),
+    mutant(
+        "bench-ratio-reads-the-wrong-way",
+        "bench/report.py",
+        'if ratio < 1 else f"{ratio:.2f}x (slower)"',
+        'if ratio > 1 else f"{ratio:.2f}x (slower)"',
+        "tests/test_cli.py::test_ratio_reads_one_way",
     ),
     # --- tensor parallelism
     mutant(
