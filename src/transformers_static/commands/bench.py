@@ -1,6 +1,6 @@
 """`transformers-static bench`: ours vs upstream transformers, eager and compiled, on the same weights.
 
-transformers-static bench [--arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
+transformers-static bench [MODEL_DIR | FILE.gguf | --arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
                           [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream]
                           [--user-compiled] [--quantization int8] [--tp N]
 """
@@ -36,6 +36,7 @@ def add_parser(commands: Any) -> None:
         description="Benchmark generation, in one process on one checkpoint: ours eager and compiled, upstream "
         "transformers eager and compiled (its static cache). Prints a table, writes results.json and bench.png.",
     )
+    parser.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint directory or GGUF file")
     parser.add_argument("--arch", choices=sorted(DEFAULT_PRESET_FOR_ARCH), help="run this architecture's tiny preset")
     parser.add_argument("--preset", type=name_list, metavar="NAME[,NAME]", help="presets to run (default: llama-tiny)")
     parser.add_argument("--batch", type=int_list, default=[1], metavar="1,4", help="batch sizes (default 1)")
@@ -80,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("argument --new-tokens: must be >= 2 (decode time is measured between new tokens)")
     if args.no_compile and (args.user_compiled or args.quantization):
         raise UsageError("--user-compiled and --quantization add compiled variants: drop --no-compile")
-    presets = _bench_presets(args)
+    models = _bench_models(args)
     out = args.out or cache_root() / "bench"
     _check_writable(out)
     options = BenchOptions(
-        presets=presets,
+        models=models,
         batches=args.batch,
         prompt_lens=args.prompt_len,
         new_tokens=args.new_tokens,
@@ -139,7 +140,19 @@ def _warn_if_busy() -> None:
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
 
 
-def _bench_presets(args: argparse.Namespace) -> list[str]:
+def _bench_models(args: argparse.Namespace) -> list[str]:
+    """MODEL_DIR (a checkpoint directory or a GGUF file), else the presets named, else --arch's tiny preset."""
+    if args.model_dir is not None:
+        if args.preset is not None or args.arch is not None:
+            raise UsageError("give MODEL_DIR or --preset / --arch, not both")
+        path = Path(args.model_dir).expanduser()
+        if not (path.is_dir() and (path / "config.json").is_file()) and not (
+            path.is_file() and path.suffix == ".gguf"
+        ):
+            raise UsageError(
+                f"MODEL_DIR {str(path)!r} is neither a checkpoint directory (with config.json) nor a .gguf file"
+            )
+        return [str(path)]
     if args.preset is None:
         return [DEFAULT_PRESET_FOR_ARCH[args.arch or "llama"]]
     for name in args.preset:

@@ -9,7 +9,7 @@ from ..bench.presets import PRESETS, preset_dir
 
 
 def add_parser(commands: Any) -> None:
-    parser = commands.add_parser("presets", help="list the embedded random-weight presets and their cache paths")
+    parser = commands.add_parser("presets", help="list the embedded models (presets) and their cache paths")
     parser.set_defaults(handler=run, parser=parser)
 
 
