@@ -6,6 +6,8 @@ what is checked is the computation chosen at trace time, against F.linear and ag
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch._dynamo
@@ -15,7 +17,7 @@ from torch import nn
 from torch._dynamo.testing import EagerAndRecordGraphs
 
 from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-from transformers_static.linear_utils import DecodeLinear, linear
+from transformers_static.linear_utils import MAX_UNROLLED_ROWS, DecodeLinear, linear
 
 VOCAB = 80
 
@@ -39,10 +41,11 @@ def test_one_row_reduction_equals_f_linear(batch: int, bias: bool, dtype: torch.
     torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
 
 
-def test_int8_weight_with_scale() -> None:
+@pytest.mark.parametrize("batch", [1, 3, MAX_UNROLLED_ROWS + 1])
+def test_int8_weight_with_scale(batch: int) -> None:
     torch.manual_seed(0)
     weight = torch.randint(-127, 128, (24, 40), dtype=torch.int8)
-    scale, x = torch.rand(24) / 100, torch.randn(2, 1, 40)
+    scale, x = torch.rand(24) / 100, torch.randn(batch, 1, 40)
     expected = F.linear(x, weight.float() * scale[:, None])
     torch.testing.assert_close(compiled(lambda x: linear(x, weight, None, scale))(x), expected)
     torch.testing.assert_close(linear(x, weight, None, scale), expected)  # eager: F.linear on the cast weight
@@ -66,11 +69,28 @@ def test_decode_graph_reads_weights_in_a_reduction_and_prefill_keeps_f_linear() 
     assert F.linear in prefill and "sum" not in prefill
 
 
+def traced_products(fn, x: torch.Tensor) -> list[torch.Size]:
+    """The shapes of the elementwise products in the graph dynamo traces for `fn(x)`."""
+    backend = EagerAndRecordGraphs()
+    compiled(fn, backend)(x)
+    (graph,) = backend.graphs
+    return [node.meta["example_value"].shape for node in graph.graph.nodes if node.target is operator.mul]
+
+
 def test_int8_decode_is_a_reduction_at_any_batch() -> None:
     weight, scale = torch.randint(-127, 128, (24, 40), dtype=torch.int8), torch.rand(24)
     for batch in (1, 3):
         calls = graph_calls(lambda x: linear(x, weight, None, scale), torch.randn(batch, 1, 40))
         assert F.linear not in calls and "sum" in calls
+
+
+@pytest.mark.parametrize("batch", [2, MAX_UNROLLED_ROWS])
+def test_int8_decode_rows_are_one_reduction_each(batch: int) -> None:
+    """Several rows: one [out, in] product per row (fused into one pass over the weight), never a broadcast
+    [rows, out, in] product (which inductor turns into a pass over the weight per row)."""
+    weight, scale = torch.randint(-127, 128, (24, 40), dtype=torch.int8), torch.rand(24)
+    products = traced_products(lambda x: linear(x, weight, None, scale), torch.randn(batch, 1, 40))
+    assert [p for p in products if p.numel() >= 24 * 40] == [torch.Size([24, 40])] * batch
 
 
 @pytest.mark.parametrize("batch", [1, 2])

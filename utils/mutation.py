@@ -514,6 +514,13 @@ MUTANTS = (
         "tests/test_linear_utils.py::test_decode_graph_reads_weights_in_a_reduction_and_prefill_keeps_f_linear",
     ),
     mutant(
+        "int8-rows-as-one-broadcast-product",
+        "linear_utils.py",
+        "        if 1 < rows <= MAX_UNROLLED_ROWS:",
+        "        if False:",
+        "tests/test_linear_utils.py::test_int8_decode_rows_are_one_reduction_each",
+    ),
+    mutant(
         "reduction-outside-compile",
         "linear_utils.py",
         "if not (torch.compiler.is_compiling() and x.dim() >= 2 and x.shape[-2] == 1):",
