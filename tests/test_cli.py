@@ -14,7 +14,7 @@ import tokenizers
 import torch
 import transformers
 
-from transformers_static import AutoModelForCausalLM
+from transformers_static import AutoModelForCausalLM, modeling_utils
 from transformers_static.bench.presets import CACHE_ENV, DEFAULT_PRESET, build_preset_model, get_preset, preset_path
 from transformers_static.commands import main
 
@@ -224,10 +224,21 @@ def test_generate_compile_runs_a_compiled_decode_step(
     assert "compiled graphs: 1" in err and "(compilation included)" in err
 
 
-def test_generate_int8_streams_the_quantized_models_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_int8_streams_the_quantized_models_tokens(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--quantization int8 loads an int8 model (on llama-tiny its tokens happen to equal float32's, so the method
+    the model was quantized with is recorded) and streams that model's tokens."""
+    real_quantize, methods = modeling_utils.quantize_model, []
+
+    def recording_quantize(model, method, **kwargs):
+        methods.append(method)
+        return real_quantize(model, method, **kwargs)
+
+    monkeypatch.setattr(modeling_utils, "quantize_model", recording_quantize)
     argv = ["generate", "--preset", "llama-tiny", "--input-ids", "5,6,7", "--max-new-tokens", "5"]
     code, out, _ = run_cli(capsys, *argv, "--quantization", "int8")
-    assert code == 0
+    assert code == 0 and methods == ["int8"]
     model = AutoModelForCausalLM.from_pretrained(preset_path("llama-tiny"), quantization="int8")
     assert [int(t) for t in out.split()] == model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=5)[0, 3:].tolist()
 
