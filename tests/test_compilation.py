@@ -15,6 +15,7 @@ from torch._dynamo.testing import EagerAndRecordGraphs
 
 from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, StaticCache
 from transformers_static.attention_utils import attention_forward
+from transformers_static.cache_utils import DynamicCache
 from transformers_static.generation.compilation import compile_forward, decoder_layers, default_strategy
 
 VOCAB = 64
@@ -77,21 +78,34 @@ def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) ->
 
 
 def test_other_caches_run_the_plain_compiled_forward(arch: tuple[str, Path]) -> None:
+    """The regional forward called with a DynamicCache (or none) is the plain compiled forward: same logits as
+    eager, no region in the graph."""
     _, path = arch
     model = AutoModelForCausalLM.from_pretrained(path)
     ids, mask = left_padded(2, 7, 0)
-    expected = model.generate(ids, attention_mask=mask, max_new_tokens=5, cache_implementation="dynamic")
+    expected = model(ids, attention_mask=mask, past_key_values=DynamicCache()).logits
     torch._dynamo.reset()
     backend = EagerAndRecordGraphs()
-    model._compiled_forwards = {"regional": compile_forward(model, "regional", backend=backend)}
+    forward = compile_forward(model, "regional", backend=backend)
     try:
-        kwargs = dict(attention_mask=mask, max_new_tokens=5, cache_implementation="dynamic", compile="regional")
-        with torch._dynamo.config.patch(recompile_limit=16):  # a growing cache: a graph per step
-            got = model.generate(ids, **kwargs)
+        got = forward(ids, attention_mask=mask, past_key_values=DynamicCache()).logits
+        without_cache = forward(ids, attention_mask=mask, use_cache=False).logits
     finally:
         torch._dynamo.reset()
-    assert torch.equal(got, expected) and backend.graphs
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(without_cache, expected, rtol=0, atol=1e-6)
+    assert backend.graphs
     assert not [n for g in backend.graphs for n in g.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+
+
+def test_compiled_generate_refuses_the_growing_dynamic_cache(arch: tuple[str, Path]) -> None:
+    """Every step of the dynamic path has new shapes: compiling it would recompile at every token (and fail at
+    dynamo's recompile limit with fullgraph), so generate refuses the combination before running anything."""
+    _, path = arch
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with pytest.raises(ValueError, match="needs the static cache"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, cache_implementation="dynamic", compile=True)
+    assert getattr(model, "_compiled_forwards", None) is None
 
 
 def test_a_layer_reaches_its_slot_without_an_index() -> None:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,6 +17,27 @@ from .modeling_attn_mask_utils import position_ids_from_padding
 
 if TYPE_CHECKING:
     from .modeling_utils import PreTrainedModel
+
+
+_inputs_checked: ContextVar[bool] = ContextVar("transformers_static_inputs_checked", default=False)
+
+
+@contextmanager
+def inputs_checked() -> Iterator[None]:
+    """Forwards run inside skip their host-side input checks (token ids, cache room, position table): the caller,
+    `generate`, checked the prompt, the cache size and the positions once up front, so its steps read nothing from
+    the device."""
+    token = _inputs_checked.set(True)
+    try:
+        yield
+    finally:
+        _inputs_checked.reset(token)
+
+
+def checks_inputs() -> bool:
+    """Whether this forward checks its inputs on the host (a device read): eager forwards outside `inputs_checked`;
+    never while compiling."""
+    return not torch.compiler.is_compiling() and not _inputs_checked.get()
 
 
 @dataclass
@@ -37,7 +61,7 @@ def embed_inputs(
         return inputs_embeds
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2D [batch, q_len], got shape {list(input_ids.shape)}")
-    if not torch.compiler.is_compiling():  # a host read: eager forwards only
+    if checks_inputs():
         check_token_ids(input_ids, embed_tokens.num_embeddings)
     return embed_tokens(input_ids)
 
@@ -80,7 +104,7 @@ def prepare_attention_inputs(
     if use_cache and past_key_values is None:
         past_key_values = DynamicCache()
     cache_position = _cache_position(cache_position, past_key_values, q_len, inputs_embeds.device)
-    if past_key_values is not None and not torch.compiler.is_compiling():
+    if past_key_values is not None and checks_inputs():
         past_key_values.validate(batch_size, cache_position)
     kv_len = past_key_values.kv_len(q_len) if past_key_values is not None else q_len
     converters = model.mask_converters
@@ -105,7 +129,7 @@ def prepare_attention_inputs(
             position_ids = position_ids_from_padding(attention_mask, cache_position)
         else:
             position_ids = cache_position[None].expand(batch_size, q_len)
-    if not torch.compiler.is_compiling():  # before any cache write; generate sizes compiled calls up front
+    if checks_inputs():  # before any cache write
         check_position_ids(model, position_ids)
     key_positions = None
     if with_key_positions:

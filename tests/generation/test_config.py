@@ -17,6 +17,7 @@ import transformers
 
 import transformers_static
 from transformers_static import AutoModelForCausalLM, GenerationConfig
+from transformers_static.generation import configuration_utils
 
 from ..models.causal_lm_tester import generation_prompt
 from .conftest import VOCAB, Pair
@@ -213,3 +214,56 @@ def test_layering_is_kwargs_then_passed_config_then_the_models(llama: Pair) -> N
         model.generate(ids, generation_config=passed),
         llama.upstream.generate(ids, max_new_tokens=4, eos_token_id=None, repetition_penalty=1.4),
     )
+
+
+IGNORED_FLAG_CASES = [
+    dict(temperature=0.5),
+    dict(do_sample=False, temperature=0.5),
+    dict(do_sample=False, top_p=0.9, top_k=10, min_p=0.1, typical_p=0.5, epsilon_cutoff=1e-3, eta_cutoff=1e-3),
+    dict(do_sample=False, top_k=50, temperature=1.0),  # upstream's neutral values: nothing to say
+    dict(do_sample=True, temperature=0.5, top_k=3),
+    dict(length_penalty=2.0, early_stopping=True),
+    dict(num_beams=1, length_penalty=1.0),
+    dict(use_cache=False, cache_implementation="static"),
+    dict(output_scores=True, output_logits=True),
+    dict(output_scores=True, return_dict_in_generate=True),
+    dict(pad_token_id=-1),
+]
+
+
+def upstreams_ignored_flags(values: dict, user_set: set[str]) -> list[str]:
+    """The fields upstream's validate lists as not valid (its strict mode raises with one line per field)."""
+    config = transformers.GenerationConfig()
+    for key, value in values.items():
+        setattr(config, key, value)
+    try:
+        config.validate(strict=True, user_set_attributes=user_set)
+    except ValueError as err:
+        return re.findall(r"^- `(\w+)`:", str(err), flags=re.MULTILINE)
+    return []
+
+
+@pytest.mark.parametrize("kwargs", IGNORED_FLAG_CASES, ids=lambda kw: ",".join(kw))
+def test_ignored_flags_are_upstreams(kwargs: dict) -> None:
+    ours = GenerationConfig(**kwargs).ignored_flags(set(kwargs))
+    assert sorted(ours) == sorted(upstreams_ignored_flags(kwargs, set(kwargs)))
+
+
+def test_ignored_flags_from_the_models_config_are_named_unless_the_call_decides(
+    llama: Pair, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint's sampling values under greedy decoding are warned about, as upstream, unless the call sets
+    do_sample itself (then values it inherits are harmless)."""
+    model = AutoModelForCausalLM.from_pretrained(llama.path)
+    model.generation_config = model.generation_config.update(do_sample=False, top_p=0.8)
+    values = dict(do_sample=False, top_p=0.8)
+    assert upstreams_ignored_flags(values, set()) == ["top_p"]
+    assert upstreams_ignored_flags(values, {"do_sample"}) == []
+    ids = torch.tensor([[5, 6, 7]])
+    configuration_utils._warned.clear()
+    with caplog.at_level(logging.WARNING):
+        model.generate(ids, max_new_tokens=2, do_sample=False)
+    assert "not valid" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        model.generate(ids, max_new_tokens=2)
+    assert "The following generation flags are not valid and may be ignored: ['top_p']." in caplog.text

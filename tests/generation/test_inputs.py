@@ -8,6 +8,8 @@ import logging
 import pytest
 import torch
 
+from transformers_static import StaticCache
+from transformers_static.cache_utils import DynamicCache
 from transformers_static.generation import configuration_utils
 
 from ..models.causal_lm_tester import generation_prompt
@@ -75,3 +77,53 @@ def test_mask_is_inferred_from_the_pad_id_as_upstream(llama: Pair) -> None:
 
 def test_no_input_ids_starts_from_bos_as_upstream(llama: Pair) -> None:
     torch.testing.assert_close(llama.ours.generate(**KWARGS), llama.upstream.generate(**KWARGS), rtol=0, atol=0)
+
+
+def test_past_key_values_other_than_a_static_cache_are_refused(llama: Pair) -> None:
+    """A given cache is filled by the static path only: a DynamicCache, or any cache with
+    cache_implementation="dynamic", is a ValueError instead of a cache silently left unused."""
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="past_key_values must be a transformers_static StaticCache.*DynamicCache"):
+        llama.ours.generate(ids, max_new_tokens=2, past_key_values=DynamicCache())
+    cache = StaticCache(llama.ours.config, max_batch_size=1, max_cache_len=64)
+    with pytest.raises(ValueError, match="StaticCache with cache_implementation='dynamic'"):
+        llama.ours.generate(ids, max_new_tokens=2, past_key_values=cache, cache_implementation="dynamic")
+    assert not cache.key_cache[0].any()
+    llama.ours.generate(ids, max_new_tokens=2, past_key_values=cache)
+    assert cache.key_cache[0].any()  # the static path fills it
+
+
+def test_generate_steps_read_nothing_back_in_the_forward(llama: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """generate checks ids, cache room and positions once, up front; its prefill and decode forwards then make no
+    host read (each would be a device sync per step), while a plain eager forward still checks its inputs."""
+    model = llama.ours
+    base_forward, forwards, reads = model.model.forward, [], []
+
+    def counted_forward(*args, **kwargs):
+        forwards.append(len(reads))
+        try:
+            return base_forward(*args, **kwargs)
+        finally:
+            forwards[-1] = len(reads) - forwards[-1]  # host reads during this forward
+
+    def recorded(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+
+        return read
+
+    ids, mask = generation_prompt(VOCAB)
+    with monkeypatch.context() as patch:
+        patch.setattr(model.model, "forward", counted_forward)
+        for name in ("__bool__", "tolist", "item", "__int__"):
+            patch.setattr(torch.Tensor, name, recorded(name))
+        model.generate(ids, attention_mask=mask, max_new_tokens=6, eos_token_id=None, pad_token_id=0)
+        assert reads  # the up-front checks did read
+        assert len(forwards) >= 6 and forwards == [0] * len(forwards)  # prefill chunks, then 5 decode steps
+        model(ids[:1])  # a plain forward checks its inputs: it reads
+        assert forwards[-1] > 0
+    with pytest.raises(ValueError, match="outside"):
+        model(torch.tensor([[5, VOCAB]]))

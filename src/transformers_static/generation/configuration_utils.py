@@ -83,6 +83,19 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "continuous_batching_config": (_set, "continuous batching"),
 }
 
+# Sampling-only fields and the value at which upstream does not warn about them under greedy decoding (None: any
+# value set is warned about).
+SAMPLING_FLAGS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "min_p": None,
+    "top_h": None,
+    "typical_p": 1.0,
+    "top_k": 50,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+}
+
 _warned: set[str] = set()
 
 
@@ -228,6 +241,34 @@ class GenerationConfig:
         top_k = DEFAULTS["top_k"] if self.top_k is None else self.top_k
         if self.penalty_alpha is not None and self.penalty_alpha > 0 and self.do_sample is not True and top_k > 1:
             found.append(f"penalty_alpha={self.penalty_alpha!r} (contrastive search)")
+        return found
+
+    def ignored_flags(self, user_set: set[str]) -> list[str]:
+        """The fields upstream's `GenerationConfig.validate` names as "not valid and may be ignored" for this
+        config: sampling-only values without `do_sample`, beam-only values with one beam, cache fields with
+        `use_cache=False`, extra outputs without `return_dict_in_generate`, a negative pad id. As upstream, a
+        sampling (beam) flag is not named when `do_sample` (`num_beams`) was set by the caller and it was not."""
+
+        def named(outer: str, inner: str) -> bool:
+            return inner in user_set or outer not in user_set
+
+        found = []
+        if self.pad_token_id is not None and self.pad_token_id < 0:
+            found.append("pad_token_id")
+        if self.do_sample is not True:
+            for name, neutral in SAMPLING_FLAGS.items():
+                value = getattr(self, name)
+                if value is not None and value != neutral and named("do_sample", name):
+                    found.append(name)
+        if self.num_beams is None or self.num_beams == 1:
+            for name, neutral in (("early_stopping", False), ("length_penalty", 1.0)):
+                value = getattr(self, name)
+                if value is not None and value != neutral and named("num_beams", name):
+                    found.append(name)
+        if self.use_cache is False:
+            found += [name for name in ("cache_implementation", "cache_config") if getattr(self, name) is not None]
+        if self.return_dict_in_generate is not True:
+            found += [name for name in ("output_scores", "output_logits") if getattr(self, name) is True]
         return found
 
     def check_supported(self) -> None:

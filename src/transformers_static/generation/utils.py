@@ -24,8 +24,9 @@ import torch
 from ..cache_utils import DynamicCache, StaticCache
 from ..configuration_utils import PretrainedConfig
 from ..modeling_attn_mask_utils import StaticDecodeMask, mask_converters, position_ids_from_padding
+from ..modeling_inputs import inputs_checked
 from .compilation import compile_forward, default_strategy
-from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig, generation_lengths
+from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig, generation_lengths, warn_once
 from .logits_process import LogitsProcessing, logits_processing, next_tokens
 from .prompt import prepare_prompt
 from .stopping_criteria import HostStops, StopStrings, Tokenizer
@@ -124,6 +125,17 @@ class GenerationMixin:
         config, default_max_length, default_min_length = self._generation_config(generation_config, kwargs)
         if compile and config.disable_compile:
             raise ValueError("generate(compile=True) contradicts the generation config's disable_compile=True")
+        dynamic = config.cache_implementation == "dynamic"
+        if compile and dynamic:
+            raise ValueError(
+                "generate(compile=...) needs the static cache: with cache_implementation='dynamic' every step's "
+                "shapes grow and the forward would recompile at every token"
+            )
+        if past_key_values is not None and (dynamic or not isinstance(past_key_values, StaticCache)):
+            raise ValueError(
+                f"past_key_values must be a transformers_static StaticCache on the static path, got "
+                f"{type(past_key_values).__name__} with cache_implementation={config.cache_implementation!r}"
+            )
         input_ids = self._input_ids_or_bos(input_ids, config)
         input_ids, attention_mask = prepare_prompt(input_ids, attention_mask, self.config.vocab_size, config)
         lengths = generation_lengths(
@@ -134,13 +146,17 @@ class GenerationMixin:
             max_position_embeddings=getattr(self.config, "max_position_embeddings", None),
         )
         self._check_fits_position_table(attention_mask, lengths.max_new_tokens)
+        # max_time counts from here, as upstream's
+        stops = self._host_stops(config, tokenizer, input_ids, attention_mask)
         fed = input_ids.masked_fill(attention_mask == 0, 0)  # padding is masked; any id there works, 0 always does
-        if config.cache_implementation == "dynamic":
-            session, logits = self._prefill_dynamic(fed, attention_mask, lengths.max_new_tokens)
-        else:
-            session, logits = self._prefill_static(
-                fed, attention_mask, config, lengths.max_new_tokens, past_key_values
-            )
+        # Ids, cache room and positions are checked above for the whole call: the forwards read nothing back.
+        with inputs_checked():
+            if dynamic:
+                session, logits = self._prefill_dynamic(fed, attention_mask, lengths.max_new_tokens)
+            else:
+                session, logits = self._prefill_static(
+                    fed, attention_mask, config, lengths.max_new_tokens, past_key_values
+                )
         processing = logits_processing(
             config,
             lengths,
@@ -150,14 +166,14 @@ class GenerationMixin:
             capacity=session.capacity,
             vocab_size=self.config.vocab_size,
         )
-        stops = self._host_stops(config, tokenizer, input_ids, attention_mask)
         if compile:
             session.forward = self.compiled_forward(compile)
         if streamer is not None:
             streamer.put(input_ids.cpu())
-        new_tokens, scores, all_logits = self._decode(
-            session, logits, config, lengths.max_new_tokens, processing, stops, streamer, generator
-        )
+        with inputs_checked():
+            new_tokens, scores, all_logits = self._decode(
+                session, logits, config, lengths.max_new_tokens, processing, stops, streamer, generator
+            )
         if streamer is not None:
             streamer.end()
         sequences = torch.cat([input_ids, new_tokens], dim=-1)
@@ -200,6 +216,10 @@ class GenerationMixin:
         default_min_length = kwargs.get("min_length") is None and passed.min_length is None and own.min_length is None
         config = passed.merged(own).with_defaults().update(**kwargs)
         config.check_supported()
+        # upstream's warning, on the layered values (not this library's defaults, e.g. cache_implementation)
+        user_set = set(kwargs) | {name for name in GenerationConfig.field_names() if getattr(passed, name) is not None}
+        if ignored := passed.merged(own).update(**kwargs).ignored_flags(user_set):
+            warn_once(f"The following generation flags are not valid and may be ignored: {ignored}.")
         return config, default_max_length, default_min_length
 
     def _input_ids_or_bos(self, input_ids: torch.Tensor | None, config: GenerationConfig) -> torch.Tensor:
@@ -354,17 +374,24 @@ class GenerationMixin:
         eos = torch.tensor(config.eos_token_ids, device=logits.device, dtype=torch.long)
         pad = config.eos_token_ids[0] if config.pad_token_id is None and config.eos_token_ids else config.pad_token_id
         finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+        # Finished rows are fed (and their processors see) the pad id, as upstream; a pad id outside the vocabulary
+        # (upstream allows one) cannot be embedded, so then they are fed their own pick (their later logits are
+        # then not upstream's, which would fail on such a pad id).
+        feed_pad = pad is not None and 0 <= pad < self.config.vocab_size
         tokens, all_scores, all_logits = [], [], []
+        keep_logits = config.return_dict_in_generate and config.output_logits  # else not returned: not kept
+        keep_scores = config.return_dict_in_generate and config.output_scores
         for step in range(max_new_tokens):
             scores = processing(logits)  # [batch, vocab]
             # Copies: a CUDA-graph output is overwritten by the next replay.
-            if config.output_logits:
+            if keep_logits:
                 all_logits.append(logits.to(torch.float32, copy=True))
-            if config.output_scores:
+            if keep_scores:
                 all_scores.append(scores.to(torch.float32, copy=True))
             picked = next_tokens(scores, config.do_sample, generator)  # [batch]
-            processing.append(picked)
             token = picked.masked_fill(finished, pad) if eos.numel() else picked
+            fed = token if feed_pad else picked
+            processing.append(fed)
             tokens.append(token)
             if streamer is not None:
                 streamer.put(token.cpu())
@@ -374,9 +401,7 @@ class GenerationMixin:
             can_stop = eos.numel() or stops.stop_strings is not None
             if step == max_new_tokens - 1 or out_of_time or (can_stop and bool(finished.all())):
                 break
-            # Finished rows are fed their own pick (a valid id, unlike a pad id outside the vocabulary); only the
-            # rows still running are read.
-            logits = self._decode_one_token(session, picked)
+            logits = self._decode_one_token(session, fed)
         return torch.stack(tokens, dim=1), all_scores, all_logits
 
     def _decode_one_token(self, session: _Session, token: torch.Tensor) -> torch.Tensor:
