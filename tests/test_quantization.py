@@ -14,9 +14,11 @@ from torch import nn
 
 from transformers_static import AutoModelForCausalLM
 from transformers_static.generation.compilation import compile_forward
-from transformers_static.quantization import Int8Linear, quantize_weight
+from transformers_static.models.gemma2.modeling_gemma2 import Gemma2SoftCappedLMHead
+from transformers_static.models.gpt2.modeling_gpt2 import Conv1D
+from transformers_static.quantization import Int8Linear, quantize_model, quantize_weight
 
-from .models.causal_lm_tester import count_graphs
+from .models.causal_lm_tester import count_graphs, perturb
 
 VOCAB = 96
 TEXT_FILE = Path(__file__).parent / "fixtures" / "declaration_of_independence.txt"
@@ -35,10 +37,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_key_value_heads=2,
         tie_word_embeddings=True,
     )
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
+    model = perturb(transformers.LlamaForCausalLM(config), 0.1)
     path = tmp_path_factory.mktemp("llama")
     model.save_pretrained(path)
     return path
@@ -64,6 +63,108 @@ def test_every_linear_and_the_tied_head_become_int8(checkpoint: Path) -> None:
     assert isinstance(model.lm_head, Int8Linear) and model.lm_head.weight.dtype == torch.int8
     assert not model.config.tie_word_embeddings  # the head holds its own int8 copy
     assert model.model.embed_tokens.weight.dtype == torch.float32
+
+
+LAYERS = dict(num_hidden_layers=2, num_attention_heads=4)
+GEMMA = dict(hidden_size=32, intermediate_size=64, num_key_value_heads=1, head_dim=8, **LAYERS)
+# Every architecture's tiny upstream model (Falcon with its optional biases).
+ARCHITECTURES = {
+    "bloom": (transformers.BloomForCausalLM, transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4)),
+    "falcon": (transformers.FalconForCausalLM, transformers.FalconConfig(hidden_size=32, bias=True, **LAYERS)),
+    "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig(**GEMMA)),
+    "gemma2": (
+        transformers.Gemma2ForCausalLM,
+        transformers.Gemma2Config(final_logit_softcapping=3.0, **GEMMA),
+    ),
+    "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+    "gpt_neox": (
+        transformers.GPTNeoXForCausalLM,
+        transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, **LAYERS),
+    ),
+    "gptj": (transformers.GPTJForCausalLM, transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4)),
+    "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig(hidden_size=32, intermediate_size=64, **LAYERS)),
+    "mistral": (
+        transformers.MistralForCausalLM,
+        transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "opt": (transformers.OPTForCausalLM, transformers.OPTConfig(hidden_size=32, ffn_dim=64, **LAYERS)),
+    "phi": (transformers.PhiForCausalLM, transformers.PhiConfig(hidden_size=32, intermediate_size=64, **LAYERS)),
+    "qwen2": (
+        transformers.Qwen2ForCausalLM,
+        transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+}
+# Layers that stay in the model dtype on purpose (quantization/__init__.py): Gemma2's soft-capped head.
+KEPT_FLOAT = {"gemma2": {"lm_head"}}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def architecture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """(architecture, its tiny checkpoint with noise on every weight)."""
+    torch.manual_seed(0)
+    model_class, config = ARCHITECTURES[request.param]
+    config.vocab_size = VOCAB
+    config.bos_token_id = config.eos_token_id = config.pad_token_id = 1
+    path = tmp_path_factory.mktemp(request.param)
+    perturb(model_class(config), 0.1).save_pretrained(path)
+    return request.param, path
+
+
+def test_every_projection_of_every_architecture_becomes_int8(
+    architecture: tuple[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attention, MLP and head layers of every type (nn.Linear, FalconLinear, GPT-2's Conv1D) become int8; only
+    the documented layers stay float, with a warning naming them. Logits stay close to the float model's."""
+    name, path = architecture
+    fp = AutoModelForCausalLM.from_pretrained(path)
+    int8 = AutoModelForCausalLM.from_pretrained(path, quantization="int8")
+    projections = {n for n, m in fp.named_modules() if isinstance(m, (nn.Linear, Conv1D))}
+    assert len(projections) >= 4 * 2 + 1  # attention in, attention out, MLP in, MLP out per layer, and the head
+    kept = KEPT_FLOAT.get(name, set())
+    assert {n for n, m in int8.named_modules() if isinstance(m, Int8Linear)} == projections - kept
+    assert {n for n, m in int8.named_modules() if isinstance(m, (nn.Linear, Conv1D))} == kept
+    assert ("stay in the model dtype" in caplog.text) == bool(kept)
+    if name == "gemma2":
+        assert type(int8.lm_head) is Gemma2SoftCappedLMHead and int8.lm_head.weight.dtype == torch.float32
+        assert int8.config.tie_word_embeddings and int8.lm_head.weight is int8.model.embed_tokens.weight
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = fp(ids).logits
+        assert (int8(ids).logits - logits).abs().max() < 0.05 * logits.abs().max()
+
+
+def test_every_architecture_round_trips_exactly(architecture: tuple[str, Path], tmp_path: Path) -> None:
+    """The saved int8 format reloads exactly for every layer type; GPT-2's Conv1D weights are saved `[out, in]`
+    like every other int8 weight."""
+    name, path = architecture
+    model = AutoModelForCausalLM.from_pretrained(path, quantization="int8")
+    model.save_pretrained(tmp_path)
+    if name == "gpt2":
+        with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+            weight = f.get_tensor("transformer.h.0.mlp.c_fc.weight")
+        assert weight.dtype == torch.int8 and weight.shape == (4 * 32, 32)  # [out, in]
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert reloaded.state_dict().keys() == model.state_dict().keys()
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], tensor), key
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_a_linear_layer_of_an_unknown_type_is_refused(checkpoint: Path) -> None:
+    """A linear layer with a forward of its own that int8 does not know is refused by name, before any change."""
+
+    class ScaledLinear(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    model.model.layers[1].mlp.up_proj.__class__ = ScaledLinear
+    with pytest.raises(ValueError, match=r"\['model.layers.1.mlp.up_proj \(ScaledLinear\)'\]"):
+        quantize_model(model)
+    assert not [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert not hasattr(model.config, "quantization_config")
 
 
 def mean_loss(model: nn.Module, ids: torch.Tensor) -> float:

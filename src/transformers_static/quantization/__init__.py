@@ -1,11 +1,15 @@
 """Weight quantization: `from_pretrained(..., quantization="int8")`, and the format a quantized checkpoint is saved in.
 
-int8 weight-only (the one method): every plain linear layer of the model, the LM head included, becomes an
-`Int8Linear` (per-output-channel symmetric int8 weights; activations, biases, norms and embeddings stay in the model
-dtype). A tied head gets its own int8 copy and the model is no longer tied (`tie_word_embeddings` becomes False).
+int8 weight-only (the one method): every linear layer of the model (`nn.Linear`, Falcon's `FalconLinear`, GPT-2's
+`Conv1D`), the LM head included, becomes an `Int8Linear` (per-output-channel symmetric int8 weights; activations,
+biases, norms and embeddings stay in the model dtype). A tied head gets its own int8 copy and the model is no longer
+tied (`tie_word_embeddings` becomes False). One layer stays in the model dtype on purpose, with a warning: Gemma2's
+soft-capped head (`Gemma2SoftCappedLMHead`, whose forward caps the logits after the product; a tied one stays
+tied). A linear layer of any other type is refused with a ValueError naming it: none is left float unannounced.
 
 A quantized checkpoint is an ordinary safetensors checkpoint whose linear layers hold `<name>.weight` (int8
-`[out, in]`) and `<name>.weight_scale` (`[out]`, the model dtype), with config.json marked by
+`[out, in]`, for every layer type: GPT-2's `[in, out]` Conv1D weights are transposed when quantized, so the int8
+format needs no per-layer marker) and `<name>.weight_scale` (`[out]`, the model dtype), with config.json marked by
 `quantization_config = {"format": "transformers_static", "method": "int8", ...}`. The marker has no `quant_method`
 key on purpose: upstream transformers then refuses the checkpoint with a ValueError ("...has no `quant_method`
 attribute...") instead of loading int8 values as float weights.
@@ -14,13 +18,16 @@ attribute...") instead of loading int8 values as float weights.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ..configuration_utils import PretrainedConfig
 from ..linear_utils import DecodeLinear
 from .int8 import Int8Linear, quantize_weight
+
+if TYPE_CHECKING:
+    from ..modeling_utils import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -64,25 +71,53 @@ def check_method(method: str) -> None:
         raise ValueError(f"Unknown quantization {method!r}; expected one of {list(QUANTIZATION_METHODS)} or None")
 
 
-def quantize_model(model: nn.Module, method: str = "int8", *, empty: bool = False) -> None:
-    """Replace every plain linear layer of `model` with an `Int8Linear`, in place, and mark its config.
+def _int8_layer_types() -> tuple[dict[type[nn.Module], bool], tuple[type[nn.Module], ...]]:
+    """(the layer types int8 replaces, each with whether its float weight is stored `[in, out]`; the types kept in
+    the model dtype on purpose). Imported here: the models import `modeling_utils`, which imports this package."""
+    from ..models.falcon.modeling_falcon import FalconLinear
+    from ..models.gemma2.modeling_gemma2 import Gemma2SoftCappedLMHead
+    from ..models.gpt2.modeling_gpt2 import Conv1D
 
-    `empty`: make the layers' structure only (zeros), for a quantized checkpoint to be loaded into. Linear layers
-    with a forward of their own (Gemma2's soft-capped head) and GPT-2's Conv1D stay in the model dtype."""
+    return {nn.Linear: False, DecodeLinear: False, FalconLinear: False, Conv1D: True}, (Gemma2SoftCappedLMHead,)
+
+
+def quantize_model(model: PreTrainedModel, method: str = "int8", *, empty: bool = False) -> None:
+    """Replace every linear layer of `model` with an `Int8Linear`, in place, and mark its config.
+
+    `empty`: make the layers' structure only (zeros), for a quantized checkpoint to be loaded into. Gemma2's
+    soft-capped head stays in the model dtype (a warning says so); a linear layer of any other type is a ValueError,
+    raised before the model changes."""
     check_method(method)
-    config = model.config
+    quantized, kept_types = _int8_layer_types()
+    unknown = sorted(
+        f"{name} ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and type(module) not in quantized and not isinstance(module, kept_types)
+    )
+    if unknown:
+        raise ValueError(
+            f"Cannot quantize to {method}: linear layer(s) of a type int8 does not handle: {unknown}; expected "
+            f"{sorted(t.__name__ for t in quantized)}"
+        )
+    replaced = []
     for name, module in list(model.named_modules()):
-        if type(module) not in (nn.Linear, DecodeLinear):
+        if type(module) not in quantized:
             continue
+        replaced.append(name)
         if empty:
             dtype, device = module.weight.dtype, module.weight.device
             layer = Int8Linear(module.in_features, module.out_features, module.bias is not None, dtype, device)
         else:
-            layer = Int8Linear.from_linear(module)
+            weight = module.weight.T if quantized[type(module)] else module.weight  # [out, in]
+            layer = Int8Linear.from_weight(weight, module.bias)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, layer)
-    kept = sorted(name for name, m in model.named_modules() if isinstance(m, nn.Linear))
+    kept = sorted(name for name, module in model.named_modules() if isinstance(module, kept_types))
     if kept:
-        logger.info("Kept in the model dtype (linear layers with their own forward): %s", kept)
-    config.tie_word_embeddings = False  # a tied head now holds its own int8 copy
+        logger.warning(
+            "int8: %s stay in the model dtype (Gemma2's soft-capped head: its forward caps the logits)", kept
+        )
+    config = model.config
+    if any(f"{name}.weight" in model._tied_weights_keys for name in replaced):
+        config.tie_word_embeddings = False  # a tied head now holds its own int8 copy (a kept float one stays tied)
     config.quantization_config = quantization_marker(method)

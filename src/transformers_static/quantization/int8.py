@@ -26,7 +26,8 @@ def quantize_weight(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[tor
 
 
 class Int8Linear(nn.Module):
-    """A linear layer with an int8 weight and a per-output-channel scale; bias and output in the model dtype."""
+    """A linear layer with an int8 weight and a per-output-channel scale; bias and output in the model dtype. The bias
+    is added after the scaled product, never fused into it (Falcon's `FalconLinear` numerics)."""
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device: torch.device | None = None
@@ -38,21 +39,17 @@ class Int8Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
 
     @classmethod
-    def from_linear(cls, module: nn.Linear) -> Int8Linear:
-        """Quantize a float `nn.Linear` (its weight is read, not kept)."""
-        weight = module.weight
-        layer = cls(module.in_features, module.out_features, module.bias is not None, weight.dtype, weight.device)
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
+        """Quantize a float layer's `weight` `[out, in]` (read, not kept); its `bias` `[out]` is copied as is."""
+        out_features, in_features = weight.shape
+        layer = cls(in_features, out_features, bias is not None, weight.dtype, weight.device)
         quantized, scale = quantize_weight(weight, weight.dtype)
         with torch.no_grad():
             layer.weight.copy_(quantized)
             layer.weight_scale.copy_(scale)
-            if module.bias is not None:
-                layer.bias.copy_(module.bias)
+            if bias is not None:
+                layer.bias.copy_(bias)
         return layer
-
-    def dequantized_weight(self) -> torch.Tensor:
-        """`[out, in]` in the scale's dtype: what the layer multiplies by."""
-        return self.weight.to(self.weight_scale.dtype) * self.weight_scale[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.weight_scale)
