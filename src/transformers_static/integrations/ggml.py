@@ -74,11 +74,14 @@ def _rope_parameters(md: GGUFMetadata, head_dim: int, partial: bool) -> dict[str
             f"{md.path}: rope.dimension_count ({rotary_dims}) must equal the head dim ({head_dim}) for a "
             f"{md.architecture} file: partial rotary embeddings are not part of this architecture"
         )
-    scaling = md.get("rope.scaling.type", "none")
-    if scaling == "linear":
-        params.update(rope_type="linear", factor=float(md["rope.scaling.factor"]))
-    elif scaling != "none":
+    # llama.cpp: the type defaults to linear; the factor is `rope.scaling.factor`, else the older `rope.scale_linear`,
+    # and 0 (or neither key) means 1; type none never scales.
+    scaling = md.get("rope.scaling.type", "linear")
+    factor = float(md.get("rope.scaling.factor", md.get("rope.scale_linear", 0.0)))
+    if scaling not in ("none", "linear"):
         raise ValueError(f"{md.path}: GGUF rope scaling {scaling!r} is not supported (supported: none, linear)")
+    if scaling == "linear" and factor not in (0.0, 1.0):
+        params.update(rope_type="linear", factor=factor)
     return params
 
 

@@ -6,6 +6,7 @@ import logging
 import os
 from typing import Any
 
+from ..modeling_utils import DeviceMap, resolve_device_map
 from ..models.auto.modeling_auto import AutoModelForCausalLM
 from ..models.auto.tokenization_auto import AutoTokenizer
 from ..utils.hub import resolve_pretrained_path
@@ -21,6 +22,7 @@ def pipeline(
     model: str | os.PathLike | Any = None,
     tokenizer: str | os.PathLike | Any = None,
     device: int | str | Any = None,
+    device_map: DeviceMap = None,
     dtype: str | Any = "auto",
     revision: str | None = None,
     trust_remote_code: bool | None = None,
@@ -29,7 +31,9 @@ def pipeline(
 ) -> TextGenerationPipeline:
     """A text-generation pipeline over `model` (a checkpoint dir, a Hub id in the local cache, or a loaded model)
     and `tokenizer` (the same kinds; defaults to the model's path). `task` may be left out; any task other than
-    "text-generation" is an error. Other kwargs go to the pipeline (generation and decoding parameters)."""
+    "text-generation" is an error. `device_map` (here or in `model_kwargs`) loads the model onto its one device and
+    places the pipeline there; `device` as well overrides it (as upstream, with a warning). Other kwargs go to the
+    pipeline (generation and decoding parameters)."""
     task = task or "text-generation"
     if task not in SUPPORTED_TASKS:
         raise ValueError(
@@ -44,8 +48,21 @@ def pipeline(
     if trust_remote_code:
         logger.warning("trust_remote_code=True is ignored: transformers_static runs no remote code")
     model_kwargs = dict(model_kwargs or {})
-    if kwargs.get("device_map") is not None:
-        model_kwargs["device_map"] = kwargs.pop("device_map")
+    if device_map is not None:
+        if "device_map" in model_kwargs:
+            raise ValueError(
+                'You cannot use both `pipeline(... device_map=..., model_kwargs={"device_map":...})` as those'
+                " arguments might conflict, use only one.)"
+            )
+        model_kwargs["device_map"] = device_map
+    if model_kwargs.get("device_map") is not None:
+        if device is not None:
+            logger.warning(
+                "Both `device` and `device_map` are specified. `device` will override `device_map`. You"
+                " will most likely encounter unexpected behavior. Please remove `device` and keep `device_map`."
+            )
+        else:
+            device = resolve_device_map(model_kwargs["device_map"])
     torch_dtype = kwargs.pop("torch_dtype", None)
     dtype = torch_dtype if torch_dtype is not None and dtype == "auto" else dtype
     if isinstance(model, (str, os.PathLike)):

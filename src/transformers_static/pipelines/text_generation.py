@@ -3,8 +3,6 @@ causal LM of this library."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import enum
 from typing import Any
 
@@ -41,7 +39,7 @@ class TextGenerationPipeline:
             model.to(self.device)
         if tokenizer.padding_side == "right":
             tokenizer.padding_side = "left"
-        generation_keys = {f.name for f in dataclasses.fields(GenerationConfig)} | {"generation_config"}
+        generation_keys = GenerationConfig.field_names() | {"generation_config"}
         self._generate_kwargs = {key: kwargs.pop(key) for key in generation_keys & kwargs.keys()}
         self._generation_defaults = dict(DEFAULT_GENERATION)
         if tokenizer.pad_token_id is not None:
@@ -174,10 +172,14 @@ class TextGenerationPipeline:
 
     def _prepare_generate_kwargs(self, generate_kwargs: dict[str, Any]) -> dict[str, Any]:
         """The call's generate kwargs on top of the construction ones, plus the pipeline's defaults for what neither
-        they nor the model's generation config set (sampling defaults only when sampling)."""
+        they nor the model's generation config set (sampling defaults only when sampling). A passed generation config
+        (this library's, upstream's or a dict) is taken as `generate` takes it, and gets the defaults in a copy."""
         if "generation_config" not in generate_kwargs:
             generate_kwargs = {**self._generate_kwargs, **generate_kwargs}
-        set_params = {**self._model_generation_params(generate_kwargs.get("generation_config")), **generate_kwargs}
+        user_config = generate_kwargs.get("generation_config")
+        if user_config is not None:
+            user_config = GenerationConfig.from_any(user_config)
+        set_params = {**self._model_generation_params(user_config), **generate_kwargs}
         added = {
             k: v
             for k, v in self._generation_defaults.items()
@@ -185,18 +187,16 @@ class TextGenerationPipeline:
         }
         if not {**set_params, **added}.get("do_sample"):
             added = {k: v for k, v in added.items() if k not in SAMPLING_PARAMS}
-        user_config = generate_kwargs.get("generation_config")
         if user_config is None:
             return {**generate_kwargs, **added}
-        return {**generate_kwargs, "generation_config": copy.deepcopy(user_config).update(**added)}
+        return {**generate_kwargs, "generation_config": user_config.update(**added)}
 
     def _model_generation_params(self, user_config: GenerationConfig | None) -> dict[str, Any]:
-        """The generation parameters the model (and a passed generation config) set away from the defaults."""
-        defaults = dataclasses.asdict(GenerationConfig())
+        """The generation parameters the model's generation config (then a passed one) set: those not None."""
         params = {}
-        for config in (self.model.generation_config, user_config):
+        for config in (GenerationConfig.from_any(self.model.generation_config), user_config):
             if config is not None:
-                params.update({k: v for k, v in dataclasses.asdict(config).items() if v != defaults[k]})
+                params.update({k: getattr(config, k) for k in config.field_names() if getattr(config, k) is not None})
         return params
 
     def postprocess(
