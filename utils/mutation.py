@@ -231,8 +231,8 @@ MUTANTS = (
     mutant(
         "decode-window-closes-the-wrong-slot",
         MASKS,
-        "leaving = torch.remainder(cache_position - self.sliding_window, max_cache_len)",
-        "leaving = torch.remainder(cache_position - self.sliding_window - 1, max_cache_len)",
+        "torch.sub(cache_position, self.sliding_window, out=self.leaving)",
+        "torch.sub(cache_position, self.sliding_window + 1, out=self.leaving)",
         MISTRAL + "test_greedy_generate_matches_upstream_static",
     ),
     mutant(

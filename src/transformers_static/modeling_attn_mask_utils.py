@@ -166,6 +166,7 @@ class StaticDecodeMask:
         self.mask = converter.to_4d(
             padding_mask, batch_size=batch_size, q_len=1, kv_len=max_cache_len, cache_position=cache_position
         ).clone()  # [batch, 1, 1, max_cache_len]
+        self.leaving = torch.empty_like(cache_position)  # [1], the slot leaving the window (sliding kinds)
 
     def advance(self, cache_position: torch.Tensor) -> torch.Tensor:
         """Open slot `cache_position` `[1]` in place (and close the one leaving the window); returns the mask."""
@@ -173,6 +174,6 @@ class StaticDecodeMask:
         self.mask.index_fill_(-1, cache_position, True)
         if self.sliding_window is not None and self.sliding_window < max_cache_len:
             # Before the window is full, (pos - W) wraps to a slot in the future, which is still closed.
-            leaving = torch.remainder(cache_position - self.sliding_window, max_cache_len)
-            self.mask.index_fill_(-1, leaving, False)
+            torch.sub(cache_position, self.sliding_window, out=self.leaving).remainder_(max_cache_len)
+            self.mask.index_fill_(-1, self.leaving, False)
         return self.mask
