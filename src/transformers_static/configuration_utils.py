@@ -126,17 +126,43 @@ class PretrainedConfig:
 
     @classmethod
     def from_pretrained(
-        cls, pretrained_path: str | os.PathLike, gguf_file: str | None = None, **overrides: Any
+        cls,
+        pretrained_path: str | os.PathLike,
+        gguf_file: str | None = None,
+        *,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        **overrides: Any,
     ) -> PretrainedConfig:
-        """Read `config.json` from a checkpoint directory (or the path of a json file), or the metadata of
-        `gguf_file` in that directory."""
-        return cls.from_dict(load_config_dict(pretrained_path, gguf_file), **overrides)
+        """Read `config.json` from a checkpoint directory (or the path of a json file) or Hub id (`revision`,
+        `local_files_only`, `cache_dir`, `token`: see `utils.hub.resolve_pretrained_path`), or the metadata of
+        `gguf_file` in it; `overrides` set config fields."""
+        hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
+        return cls.from_dict(load_config_dict(pretrained_path, gguf_file, **hub), **overrides)
 
 
-def load_config_dict(pretrained_path: str | os.PathLike, gguf_file: str | None = None) -> dict[str, Any]:
+def load_config_dict(
+    pretrained_path: str | os.PathLike,
+    gguf_file: str | None = None,
+    *,
+    revision: str | None = None,
+    local_files_only: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    token: str | bool | None = None,
+) -> dict[str, Any]:
     """The raw dict of a checkpoint's config.json (or rebuilt from `gguf_file`'s metadata), with clear errors for a
-    missing or corrupt file."""
-    path = resolve_pretrained_path(pretrained_path)
+    missing or corrupt file. A Hub id fetches no weights (`gguf_file` only when given)."""
+    path = resolve_pretrained_path(
+        pretrained_path,
+        revision=revision,
+        local_files_only=local_files_only,
+        cache_dir=cache_dir,
+        token=token,
+        weights=False,
+        gguf_file=gguf_file,
+    )
     if gguf_file is not None:
         from .modeling_gguf_pytorch_utils import load_gguf_config_dict
 

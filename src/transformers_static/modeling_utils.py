@@ -21,14 +21,16 @@ from .configuration_utils import PretrainedConfig, resolve_dtype
 from .linear_utils import use_decode_linear
 from .modeling_attn_mask_utils import AttentionMaskConverter
 from .quantization import check_method, checkpoint_quantization, quantize_model
-from .utils.hub import resolve_pretrained_path
+from .utils.hub import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    read_weight_map,
+    resolve_pretrained_path,
+)
 
 logger = logging.getLogger(__name__)
-
-SAFE_WEIGHTS_NAME = "model.safetensors"
-SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-WEIGHTS_NAME = "pytorch_model.bin"
-WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 
 
 class PreTrainedModel(nn.Module):
@@ -118,23 +120,25 @@ class PreTrainedModel(nn.Module):
         dequantized to `dtype`; "auto": the file's float type, float32 when quantized), from a directory or a Hub id,
         with upstream's argument names.
 
-        A Hub id ("org/name") resolves through the local Hugging Face cache, or a download when online
-        (`revision`, `local_files_only`, `cache_dir`, `token`: see `utils.hub.resolve_pretrained_path`).
+        A Hub id ("org/name") resolves through the local Hugging Face cache, or a download when online of its
+        config and tokenizer files and the weights read (or `gguf_file`) (`revision`, `local_files_only`,
+        `cache_dir`, `token`: see `utils.hub.resolve_pretrained_path`).
 
         `dtype` (alias `torch_dtype`; "auto" or None: the config's dtype, else float32), `device_map` (one device:
         "cpu", "cuda", "cuda:1", 0, "auto", `{"": device}`), `config` (an object or a path), and config fields as
         keyword overrides (`num_hidden_layers=2`). The model is built with parameters on the meta device and takes
-        the checkpoint's tensors directly (no random initialisation, no second copy), so `low_cpu_mem_usage` is
-        always on. `trust_remote_code` is never needed for the architectures here and is ignored with a warning.
+        the checkpoint's tensors directly (no random initialisation; no copy when `dtype` and the device are the
+        checkpoint's, else what a conversion holds: `load_checkpoint_state_dict`), so `low_cpu_mem_usage` is always
+        on. `trust_remote_code` is never needed for the architectures here and is ignored with a warning.
         `tp_plan="auto"` inside a torchrun launch splits the model over the ranks by its plan, each rank reading only
         its slices (integrations/tensor_parallel.py, docs/TENSOR_PARALLEL.md). `quantization="int8"` quantizes the
         linear layers' weights after loading (see `quantization`); a checkpoint saved quantized loads as it was saved.
         """
         _refuse_unsupported(kwargs)
         hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
-        path = resolve_pretrained_path(pretrained_model_name_or_path, **hub)
+        path = resolve_pretrained_path(pretrained_model_name_or_path, gguf_file=gguf_file, **hub)
         if not isinstance(config, PretrainedConfig) and config is not None:
-            config = resolve_pretrained_path(config, **hub)
+            config = resolve_pretrained_path(config, weights=False, **hub)
         if not os.path.isdir(path):
             raise OSError(f"{path!r} is not a directory: expected a checkpoint dir with config.json and weights")
         config = _resolve_config(cls, path, config, kwargs, gguf_file)
@@ -183,8 +187,16 @@ class PreTrainedModel(nn.Module):
         """Load checkpoint tensors, matching names across base/head prefixes; every weight must be present.
 
         Parameters still on the meta device (a model built by `from_pretrained`) take the checkpoint's tensors,
-        cast to their dtype and moved to `device`; materialised ones are copied into."""
-        state_dict = self._match_prefix(state_dict)
+        cast to their dtype and moved to `device` (the same tensor when both are the checkpoint's); materialised
+        ones are copied into. `state_dict` is consumed: each tensor is taken out of it as it is converted, so a
+        tensor with memory of its own (read from a pytorch_model.bin) and no other reference is freed then, and a
+        conversion peaks at the larger of the checkpoint and the converted weights, plus one tensor. Tensors read
+        from a safetensors file map that file: its pages (file cache, which the OS can reclaim) are released
+        together, once the last of them is."""
+        renamed = self._match_prefix(state_dict)
+        if renamed is not state_dict:  # the caller's dict stays the only holder of the tensors
+            state_dict.clear()
+            state_dict.update(renamed)
         ignored = [re.compile(p) for p in self._keys_to_ignore_on_load_unexpected]
         expected = self.state_dict()
         tied = set(self._tied_weights_keys) if self.config.tie_word_embeddings else set()
@@ -200,13 +212,14 @@ class PreTrainedModel(nn.Module):
                     f"Weight {key!r} has shape {list(state_dict[key].shape)} in the checkpoint, "
                     f"{type(self).__name__} expects {list(tensor.shape)}"
                 )
-        to_load = {
-            key: state_dict[key].to(
-                device=device or (tensor.device if not tensor.is_meta else "cpu"), dtype=tensor.dtype
-            )
-            for key, tensor in expected.items()
-            if key in state_dict and key not in tied
-        }
+        to_load = {}
+        for key, tensor in expected.items():
+            if key in state_dict:
+                original = state_dict.pop(key)
+                if key not in tied:
+                    to_load[key] = original.to(
+                        device=device or (tensor.device if not tensor.is_meta else "cpu"), dtype=tensor.dtype
+                    )
         self.load_state_dict(to_load, strict=False, assign=any(t.is_meta for t in expected.values()))
         self.tie_weights()
         still_meta = [name for name, tensor in self.state_dict().items() if tensor.is_meta]
@@ -379,15 +392,17 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 # ---------------------------------------------------------------------- checkpoint files
 def load_state_dict(path: str) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory, safetensors first; pickles only with `weights_only=True`."""
-    for index_name, reader in ((SAFE_WEIGHTS_INDEX_NAME, _read_safetensors), (WEIGHTS_INDEX_NAME, _read_bin)):
-        index_path = os.path.join(path, index_name)
-        if os.path.isfile(index_path):
-            return _read_sharded(path, index_path, reader)
-    for name, reader in ((SAFE_WEIGHTS_NAME, _read_safetensors), (WEIGHTS_NAME, _read_bin)):
-        file = os.path.join(path, name)
+    """All tensors of a checkpoint directory, from the first present in upstream's order: model.safetensors, its
+    sharded index, pytorch_model.bin, its sharded index; pickles only with `weights_only=True`."""
+    for name, index_name, reader in (
+        (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, _read_safetensors),
+        (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, _read_bin),
+    ):
+        file, index_path = os.path.join(path, name), os.path.join(path, index_name)
         if os.path.isfile(file):
             return reader(file)
+        if os.path.isfile(index_path):
+            return _read_sharded(path, index_path, reader)
     raise OSError(
         f"No weights found in {path!r}: expected {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, "
         f"{WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}"
@@ -406,15 +421,6 @@ def _read_bin(file: str) -> dict[str, torch.Tensor]:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for bad or unsafe pickles
         raise OSError(f"Could not read {file!r} with torch.load(weights_only=True): {err}") from err
-
-
-def read_weight_map(index_path: str) -> dict[str, str]:
-    """{weight name: shard file name} of a sharded checkpoint's index."""
-    try:
-        with open(index_path, encoding="utf-8") as f:
-            return json.load(f)["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise OSError(f"{index_path!r} is not a valid index (expected a JSON object with 'weight_map')") from err
 
 
 def _read_sharded(path: str, index_path: str, reader: Any) -> dict[str, torch.Tensor]:

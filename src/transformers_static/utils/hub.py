@@ -3,12 +3,16 @@ Hugging Face cache first; a download as upstream does when online)."""
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
-# The files the loaders read: configs, tokenizer files, chat templates, safetensors weights (and their index).
-ALLOW_PATTERNS = ["*.json", "*.jinja", "additional_chat_templates/*", "*.safetensors"]
-# Only fetched when the repo has no safetensors weights, as upstream prefers safetensors.
-BIN_PATTERNS = ["pytorch_model*.bin"]
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+WEIGHTS_NAME = "pytorch_model.bin"
+WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+# What every loader may read: configs (and weight indexes), tokenizer files, chat templates.
+CONFIG_PATTERNS = ["*.json", "*.jinja", "additional_chat_templates/*"]
 
 
 def resolve_pretrained_path(
@@ -18,20 +22,23 @@ def resolve_pretrained_path(
     local_files_only: bool = False,
     cache_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
+    weights: bool = True,
+    gguf_file: str | None = None,
 ) -> str:
     """A local directory or file holding the checkpoint `name_or_path`.
 
     An existing local path is returned unchanged. Otherwise `name_or_path` is a Hub repo id ("org/name"): its
     snapshot (`<cache>/models--org--name/snapshots/<commit>`, the commit from `refs/<revision>`) is looked up in the
     Hugging Face cache (`cache_dir`, else HF_HUB_CACHE / HF_HOME/hub), and, unless `local_files_only` or HF_HUB_OFFLINE
-    is set, refreshed from the Hub (`token`: as huggingface_hub takes it; HF_TOKEN by default). The error says what
-    was looked for and where.
+    is set, refreshed from the Hub (`token`: as huggingface_hub takes it; HF_TOKEN by default). A download fetches
+    the config, tokenizer and chat template files, and `gguf_file` when given; else, with `weights`, the weights
+    upstream reads (`_download_weights`). The error says what was looked for and where.
     """
     path = os.fspath(name_or_path)
     if os.path.exists(path):
         return path
     try:
-        from huggingface_hub import constants
+        from huggingface_hub import constants, snapshot_download
         from huggingface_hub.utils import HFValidationError, validate_repo_id
     except ImportError:
         raise OSError(
@@ -44,8 +51,10 @@ def resolve_pretrained_path(
         raise OSError(f"{path!r} is not a directory, nor a Hub repo id ('org/name'): {err}") from None
     offline = local_files_only or constants.HF_HUB_OFFLINE
     cache = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
+    hub = {"revision": revision, "cache_dir": cache, "token": token}
+    patterns = CONFIG_PATTERNS + ([gguf_file] if gguf_file is not None else [SAFE_WEIGHTS_NAME] if weights else [])
     try:
-        return _snapshot(path, revision=revision, cache_dir=cache, offline=offline, token=token)
+        folder = snapshot_download(path, local_files_only=offline, allow_patterns=patterns, **hub)
     except (OSError, ValueError) as err:  # LocalEntryNotFoundError, HfHubHTTPError are OSErrors
         folder = os.path.join(cache, f"models--{path.replace('/', '--')}")
         reason = (
@@ -56,15 +65,30 @@ def resolve_pretrained_path(
             f"the Hugging Face cache: looked for {folder}/snapshots/<commit> (commit from refs/{revision or 'main'}); "
             f"{reason}"
         ) from err
+    return _download_weights(path, folder, hub) if weights and gguf_file is None and not offline else folder
 
 
-def _snapshot(repo_id: str, *, revision: str | None, cache_dir: str, offline: bool, token: str | bool | None) -> str:
-    """The snapshot folder of `repo_id` with the loaders' files; pytorch_model*.bin only when there is no
-    safetensors file."""
+def _download_weights(repo_id: str, folder: str, hub: dict[str, Any]) -> str:
+    """The snapshot `folder` of `repo_id` (its json files and model.safetensors, if any, fetched) completed with the
+    weights upstream reads when there is no model.safetensors: the shards model.safetensors.index.json lists, else
+    pytorch_model.bin and the shards pytorch_model.bin.index.json lists."""
+    if os.path.isfile(os.path.join(folder, SAFE_WEIGHTS_NAME)):
+        return folder
     from huggingface_hub import snapshot_download
 
-    hub = {"revision": revision, "cache_dir": cache_dir, "token": token}
-    folder = snapshot_download(repo_id, local_files_only=offline, allow_patterns=ALLOW_PATTERNS, **hub)
-    if not offline and not any(name.endswith(".safetensors") for name in os.listdir(folder)):
-        folder = snapshot_download(repo_id, allow_patterns=BIN_PATTERNS, **hub)
-    return folder
+    index = os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME)
+    if os.path.isfile(index):
+        patterns = sorted(set(read_weight_map(index).values()))
+    else:
+        index = os.path.join(folder, WEIGHTS_INDEX_NAME)
+        patterns = [WEIGHTS_NAME, *(sorted(set(read_weight_map(index).values())) if os.path.isfile(index) else [])]
+    return snapshot_download(repo_id, allow_patterns=patterns, **hub)
+
+
+def read_weight_map(index_path: str) -> dict[str, str]:
+    """{weight name: shard file name} of a sharded checkpoint's index."""
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            return json.load(f)["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise OSError(f"{index_path!r} is not a valid index (expected a JSON object with 'weight_map')") from err

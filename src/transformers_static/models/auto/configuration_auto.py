@@ -44,9 +44,20 @@ class AutoConfig:
 
     @staticmethod
     def from_pretrained(
-        pretrained_path: str | os.PathLike, gguf_file: str | None = None, **overrides: Any
+        pretrained_path: str | os.PathLike,
+        gguf_file: str | None = None,
+        *,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        **overrides: Any,
     ) -> PretrainedConfig:
-        config_dict = load_config_dict(pretrained_path, gguf_file)
+        """The config of a checkpoint directory or Hub id (`revision`, `local_files_only`, `cache_dir`, `token`: see
+        `utils.hub.resolve_pretrained_path`), or of its `gguf_file`, in the class of its `model_type`; `overrides`
+        set config fields."""
+        hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
+        config_dict = load_config_dict(pretrained_path, gguf_file, **hub)
         if "model_type" not in config_dict:
             raise ValueError(
                 f"config.json at {os.fspath(pretrained_path)!r} has no 'model_type'; "

@@ -7,7 +7,6 @@ from typing import Any, ClassVar
 
 from ...configuration_utils import PretrainedConfig
 from ...modeling_utils import PreTrainedModel
-from ...utils.hub import resolve_pretrained_path
 from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
@@ -65,13 +64,13 @@ class _AutoModel:
     ) -> PreTrainedModel:
         """The model class of the checkpoint's (or the given) config, loaded with its `from_pretrained`."""
         hub = {k: kwargs[k] for k in ("revision", "local_files_only", "cache_dir", "token") if k in kwargs}
-        path = resolve_pretrained_path(pretrained_model_name_or_path, **hub)
         if not isinstance(config, PretrainedConfig):
-            source = resolve_pretrained_path(config, **hub) if config is not None else path
             config = AutoConfig.from_pretrained(
-                source, gguf_file=None if config is not None else kwargs.get("gguf_file")
+                pretrained_model_name_or_path if config is None else config,
+                gguf_file=kwargs.get("gguf_file") if config is None else None,
+                **hub,
             )
-        return cls.model_class(config).from_pretrained(path, config=config, **kwargs)
+        return cls.model_class(config).from_pretrained(pretrained_model_name_or_path, config=config, **kwargs)
 
 
 class AutoModel(_AutoModel):

@@ -228,5 +228,6 @@ class GPTNeoXForCausalLM(CausalLMMixin, GPTNeoXPreTrainedModel):
         self, state_dict: dict[str, torch.Tensor], device: torch.device | str | None = None
     ) -> None:
         """Also accept the head under upstream's in-memory name `lm_head.weight` (a state dict saved as is)."""
-        state_dict = {("embed_out.weight" if k == "lm_head.weight" else k): v for k, v in state_dict.items()}
+        if "lm_head.weight" in state_dict:  # renamed in place: the base class frees each tensor it takes out
+            state_dict["embed_out.weight"] = state_dict.pop("lm_head.weight")
         super().load_checkpoint_state_dict(state_dict, device)
