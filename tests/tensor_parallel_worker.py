@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -72,6 +73,7 @@ def compare(spec: dict) -> dict:
         "dynamic_tokens": split.generate(ids, cache_implementation="dynamic", **call).tolist(),
         "cache_kv_heads": split._generation_cache[1].key_cache[0].shape[1],
         **parameter_bytes(single, split),
+        **whole_projections(single, split),
     }
     if spec["graphs"]:
         result["graphs"] = graph_counts(split, ids, mask)
@@ -157,6 +159,24 @@ def parameter_bytes(single: nn.Module, split: nn.Module) -> dict:
         "full_bytes": resident_bytes(single),
         "replicated_bytes": sum(p.numel() * p.element_size() for p in replicated.values()) + head_row,
     }
+
+
+def whole_projections(single: nn.Module, split: nn.Module) -> dict:
+    """Found without the plan (whose omissions would loosen the bound above): the linear layers (any module with
+    in/out features and a weight: nn.Linear, GPT-2's Conv1D, FalconLinear) inside the decoder layers, and the LM head;
+    and those of them this rank holds as large as one process does. Only a key/value projection of fewer heads than
+    ranks is whole by design (each rank holds the head its queries read)."""
+    _, kv_heads, head_dim = attention_shape(single.config)
+    whole_kv_width = kv_heads * head_dim if kv_heads < split.config._tp_size else None
+    on_rank = dict(split.named_modules())
+    projections, whole = [], []
+    for name, module in single.named_modules():
+        linear = all(hasattr(module, attr) for attr in ("in_features", "out_features", "weight"))
+        if linear and (module is single.lm_head or re.search(r"\.\d+\.", name)):
+            projections.append(name)
+            if module.out_features != whole_kv_width and on_rank[name].weight.numel() >= module.weight.numel():
+                whole.append(name)
+    return {"projections": projections, "whole_projections": whole}
 
 
 def refusal(spec: dict) -> str:

@@ -10,6 +10,8 @@ import transformers
 from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers_static.modeling_utils import resolve_device_map
 
+from .models.causal_lm_tester import perturb
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -22,12 +24,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
         num_attention_heads=4,
         dtype="float16",
     )
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
     path = str(tmp_path_factory.mktemp("llama"))
-    model.to(torch.float16).save_pretrained(path)
+    perturb(transformers.LlamaForCausalLM(config), 0.1).to(torch.float16).save_pretrained(path)
     return path
 
 
@@ -65,6 +63,39 @@ def test_device_map_on_one_device(checkpoint: str, device_map) -> None:
     model = AutoModelForCausalLM.from_pretrained(checkpoint, device_map=device_map)
     expected = "cuda" if device_map == "auto" and torch.cuda.is_available() else "cpu"
     assert {p.device.type for p in model.parameters()} | {b.device.type for b in model.buffers()} == {expected}
+
+
+@pytest.mark.parametrize(
+    ("device_map", "expected"),
+    [
+        (None, "cpu"),
+        ("cpu", "cpu"),
+        ({"": "cpu"}, "cpu"),
+        ({"model": "cpu", "lm_head": "cpu"}, "cpu"),
+        (torch.device("cpu"), "cpu"),
+        ("cuda", "cuda"),
+        ("cuda:1", "cuda:1"),
+        (0, "cuda:0"),
+        (1, "cuda:1"),
+        (torch.device("cuda", 1), "cuda:1"),
+        ({"": "cuda:1"}, "cuda:1"),
+        ({"model": "cuda:0", "lm_head": "cuda:0"}, "cuda:0"),
+        ({"model": 1, "lm_head": "cuda:1"}, "cuda:1"),
+    ],
+)
+def test_device_map_forms_name_their_device(device_map, expected: str) -> None:
+    """Every form upstream accepts for one device, CUDA names included (resolving needs no GPU)."""
+    assert resolve_device_map(device_map) == torch.device(expected)
+
+
+@pytest.mark.parametrize("name", ["auto", "balanced", "sequential"])
+def test_device_map_auto_takes_the_one_gpu_and_refuses_two(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device_map(name) == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=rf"device_map='{name}' would split the model over 2 GPUs"):
+        resolve_device_map(name)
 
 
 def test_device_map_that_splits_the_model_is_refused() -> None:
@@ -113,8 +144,17 @@ def test_unsupported_upstream_arguments_are_refused(checkpoint: str, name: str) 
 
 
 def test_low_cpu_mem_usage_and_trust_remote_code(checkpoint: str, caplog: pytest.LogCaptureFixture) -> None:
-    for low in (True, False):
-        AutoModelForCausalLM.from_pretrained(checkpoint, low_cpu_mem_usage=low)
+    """low_cpu_mem_usage is always on (meta-device loading): either value loads what the default load does, and
+    what upstream loads given it."""
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)(IDS).logits
+        for low in (True, False):
+            ours = AutoModelForCausalLM.from_pretrained(checkpoint, low_cpu_mem_usage=low, dtype=torch.float32)
+            theirs = transformers.AutoModelForCausalLM.from_pretrained(
+                checkpoint, low_cpu_mem_usage=low, dtype=torch.float32
+            )
+            assert torch.equal(ours(IDS).logits, expected)
+            torch.testing.assert_close(ours(IDS).logits, theirs(IDS).logits, atol=1e-4, rtol=0)
     with caplog.at_level(logging.WARNING, logger="transformers_static"):
         AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True)
     assert "trust_remote_code=True is ignored: LlamaConfig is built into transformers-static" in caplog.text

@@ -25,6 +25,7 @@ from transformers_static.modeling_gguf_pytorch_utils import (
 )
 
 from .gguf_testing_utils import Q, byte_tokens, gguf, gguf_tensors, llama_metadata, logits, write_gguf
+from .models.causal_lm_tester import perturb
 
 ATOL = 1e-5
 VOCAB = 99
@@ -175,11 +176,7 @@ def noisy_upstream(model_class: type, config_kwargs: dict[str, Any], seed: int =
     """A tiny upstream model whose every weight is perturbed (norms and biases included)."""
     torch.manual_seed(seed)
     config_class = model_class.config_class
-    model = model_class(config_class(vocab_size=VOCAB, **config_kwargs)).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
-    return model
+    return perturb(model_class(config_class(vocab_size=VOCAB, **config_kwargs)).eval(), 0.1)
 
 
 def input_ids(batch: int = 2, length: int = 11) -> torch.Tensor:

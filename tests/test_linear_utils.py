@@ -19,6 +19,8 @@ from torch._dynamo.testing import EagerAndRecordGraphs
 from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers_static.linear_utils import MAX_UNROLLED_ROWS, DecodeLinear, linear
 
+from .models.causal_lm_tester import perturb
+
 VOCAB = 80
 
 
@@ -127,10 +129,7 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     config = config_class(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, **extra
     )
-    upstream = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for param in upstream.parameters():
-            param.add_(torch.randn_like(param) * 0.1)  # biases and norms matter
+    upstream = perturb(transformers.AutoModelForCausalLM.from_config(config).eval(), 0.1)  # biases, norms matter
     path = tmp_path_factory.mktemp(request.param)
     upstream.save_pretrained(path)
     return upstream, AutoModelForCausalLM.from_pretrained(path)

@@ -30,6 +30,7 @@ import transformers
 from parameterized import parameterized
 from torch import nn
 
+from tests.models.causal_lm_tester import perturb
 from tests.tensor_parallel_worker import run_rank
 from transformers_static import AutoConfig, AutoModelForCausalLM, FalconConfig, LlamaConfig
 from transformers_static.commands import main
@@ -40,7 +41,16 @@ TIMEOUT_S = 900  # the whole run of both workers; it takes about 2 minutes on 2 
 ATOL = 1e-5
 
 # name: (upstream config class, upstream model class, config kwargs, worker options)
-CHECKPOINTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
+Checkpoint = tuple[str, str, dict[str, Any], dict[str, Any]]
+SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+
+
+def kv1(config_class: str, model_class: str, options: dict[str, Any] | None = None, **kwargs: Any) -> Checkpoint:
+    """A checkpoint of SIZES with one key/value head, fewer than ranks (each rank then holds it whole)."""
+    return config_class, model_class, {**SIZES, "num_key_value_heads": 1, **kwargs}, options or {}
+
+
+CHECKPOINTS: dict[str, Checkpoint] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=64), {}),
     "gpt2_untied_sharded": (
         "GPT2Config",
@@ -51,105 +61,33 @@ CHECKPOINTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "llama": (
         "LlamaConfig",
         "LlamaForCausalLM",
-        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+        dict(SIZES, num_key_value_heads=2),
         {"sample": True, "base_model": True, "inductor": True},
     ),
-    "llama_kv1": (
+    "llama_kv1": kv1(
         "LlamaConfig",
         "LlamaForCausalLM",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            tie_word_embeddings=True,
-            attention_bias=True,
-            mlp_bias=True,
-        ),
         {"attn": "eager"},
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
     ),
-    "mistral": (
-        "MistralConfig",
-        "MistralForCausalLM",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            sliding_window=5,
-        ),
-        {},
-    ),
-    "mistral_kv1": (
-        "MistralConfig",
-        "MistralForCausalLM",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            sliding_window=5,
-        ),
-        {"attn": "eager"},
-    ),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(SIZES, num_key_value_heads=2, sliding_window=5), {}),
+    "mistral_kv1": kv1("MistralConfig", "MistralForCausalLM", {"attn": "eager"}, sliding_window=5),
     "qwen2": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            use_sliding_window=True,
-            sliding_window=5,
-            max_window_layers=1,
-        ),
+        dict(SIZES, num_key_value_heads=2, use_sliding_window=True, sliding_window=5, max_window_layers=1),
         {},
     ),
-    "qwen2_kv1": (
-        "Qwen2Config",
-        "Qwen2ForCausalLM",
-        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1),
-        {},
-    ),
-    "gemma": (
-        "GemmaConfig",
-        "GemmaForCausalLM",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-        ),
-        {},
-    ),
-    "gemma_kv1": (
-        "GemmaConfig",
-        "GemmaForCausalLM",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=16,
-        ),
-        {},
-    ),
+    "qwen2_kv1": kv1("Qwen2Config", "Qwen2ForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(SIZES, num_key_value_heads=2, head_dim=16), {}),
+    "gemma_kv1": kv1("GemmaConfig", "GemmaForCausalLM", head_dim=16),
     "gemma2": (
         "Gemma2Config",
         "Gemma2ForCausalLM",
         dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            SIZES,
             num_key_value_heads=2,
             head_dim=16,
             sliding_window=5,
@@ -158,38 +96,9 @@ CHECKPOINTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
         ),
         {"attn": "eager"},
     ),
-    "gemma2_kv1": (
-        "Gemma2Config",
-        "Gemma2ForCausalLM",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=16,
-        ),
-        {"attn": "eager"},
-    ),
-    "phi": (
-        "PhiConfig",
-        "PhiForCausalLM",
-        dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            partial_rotary_factor=0.5,
-            qk_layernorm=True,
-        ),
-        {},
-    ),
-    "phi_kv1": (
-        "PhiConfig",
-        "PhiForCausalLM",
-        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1),
-        {},
-    ),
+    "gemma2_kv1": kv1("Gemma2Config", "Gemma2ForCausalLM", {"attn": "eager"}, head_dim=16),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(SIZES, partial_rotary_factor=0.5, qk_layernorm=True), {}),
+    "phi_kv1": kv1("PhiConfig", "PhiForCausalLM"),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64), {}),
     "opt": (
         "OPTConfig",
@@ -204,12 +113,7 @@ CHECKPOINTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
         ),
         {},
     ),
-    "gpt_neox": (
-        "GPTNeoXConfig",
-        "GPTNeoXForCausalLM",
-        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, rotary_pct=0.5),
-        {},
-    ),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(SIZES, rotary_pct=0.5), {}),
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=64, n_layer=2, n_head=4), {}),
     "falcon_alibi_multi_query": (
         "FalconConfig",
@@ -314,11 +218,7 @@ def save_upstream(path: str, config_class: str, model_class: str, kwargs: dict, 
     """A tiny random upstream checkpoint, every weight perturbed (biases and norms matter)."""
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(vocab_size=99, bos_token_id=1, eos_token_id=2, **kwargs)
-    model = getattr(transformers, model_class)(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
-    model.save_pretrained(path, max_shard_size=max_shard_size)
+    perturb(getattr(transformers, model_class)(config), 0.1).save_pretrained(path, max_shard_size=max_shard_size)
 
 
 class TensorParallelTest(unittest.TestCase):
@@ -403,6 +303,19 @@ class TensorParallelTest(unittest.TestCase):
             self.assertLess(replicated, full / 2)
             self.assertLessEqual(result["bytes"], replicated + (full - replicated) / WORLD_SIZE)
 
+    @parameterized.expand(CHECKPOINTS)
+    def test_every_projection_of_the_layers_and_the_head_is_split(self, name: str) -> None:
+        """Found on the model, not read from its plan (which the bound above is derived from, so a plan that omitted
+        a projection would loosen its own bound): every linear layer inside a decoder layer, and the LM head, is
+        smaller on each rank than in one process (bar key/value projections of fewer heads than ranks)."""
+        config = AutoConfig.from_pretrained(os.path.join(self.tmpdir, name))
+        for result in self.results(name):
+            # at least attention in and out and MLP in and out per layer, and the head
+            self.assertGreaterEqual(
+                len(result["projections"]), 4 * config.num_hidden_layers + 1, result["projections"]
+            )
+            self.assertEqual(result["whole_projections"], [], "held whole on a rank")
+
     def test_sampling_with_one_seed_everywhere_equals_one_process(self) -> None:
         for result in self.results("llama"):
             self.assertEqual(result["sampled"], result["single_sampled"])
@@ -437,9 +350,8 @@ class TensorParallelTest(unittest.TestCase):
             self.assertRegex(raised, r"NotImplementedError: save_pretrained of a tensor-parallel")
 
 
-class TensorParallelInProcessTest(unittest.TestCase):
-    """What needs no second process: the head rule and the fused splits for 4 ranks, and what is refused before
-    a process group is needed."""
+class TinyLlamaTestCase(unittest.TestCase):
+    """A tiny Llama checkpoint in `self.tmpdir`, saved once for the class."""
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -451,6 +363,11 @@ class TensorParallelInProcessTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls) -> None:
         shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+
+class TensorParallelInProcessTest(TinyLlamaTestCase):
+    """What needs no second process: the head rule and the fused splits for 4 ranks, and what is refused before
+    a process group is needed."""
 
     def test_heads_of_each_rank(self) -> None:
         """Query heads split evenly; key/value heads split, or each rank takes the one its queries read."""
@@ -535,19 +452,8 @@ def run_launch(command: list[str], timeout: float = 300) -> subprocess.Completed
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-class TensorParallelCommandLineTest(unittest.TestCase):
+class TensorParallelCommandLineTest(TinyLlamaTestCase):
     """`torchrun ... -m transformers_static generate` and `bench --tp 2`."""
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.tmpdir = tempfile.mkdtemp()
-        save_upstream(
-            cls.tmpdir, "LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, num_attention_heads=4, **LLAMA)
-        )
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        shutil.rmtree(cls.tmpdir, ignore_errors=True)
 
     def test_generate_under_torchrun_prints_once_what_one_process_prints(self) -> None:
         arguments = ["generate", self.tmpdir, "--input-ids", "5,6,7,8", "--max-new-tokens", "6", "--device", "cpu"]

@@ -12,6 +12,8 @@ import transformers
 
 from transformers_static import AutoModelForCausalLM
 
+from ..models.causal_lm_tester import perturb
+
 VOCAB = 64
 
 
@@ -24,10 +26,7 @@ class Pair:
 
 def save_noisy(upstream: Any, path: str) -> None:
     """Noise on every upstream weight (biases, norms, positions all matter), then a real checkpoint."""
-    with torch.no_grad():
-        for param in upstream.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
-    upstream.eval().save_pretrained(path)
+    perturb(upstream, 0.1).eval().save_pretrained(path)
 
 
 @pytest.fixture(scope="session")
