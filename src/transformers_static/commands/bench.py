@@ -23,6 +23,7 @@ from .args import (
     add_device_args,
     add_quantization_arg,
     int_list,
+    model_dir_path,
     name_list,
     parse_device,
     positive_int,
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("argument --new-tokens: must be >= 2 (decode time is measured between new tokens)")
     if args.no_compile and (args.user_compiled or args.quantization):
         raise UsageError("--user-compiled and --quantization add compiled variants: drop --no-compile")
+    if args.tp is not None:
+        _check_tp_args(args)
     models = _bench_models(args)
     out = args.out or cache_root() / "bench"
     _check_writable(out)
@@ -109,6 +112,18 @@ def run(args: argparse.Namespace) -> int:
     print(report.format_table(results, markdown=args.markdown))
     print(f"\nwrote {options.out / 'results.json'}" + (f" and {results['plot']}" if results["plot"] else ""))
     return 0
+
+
+def _check_tp_args(args: argparse.Namespace) -> None:
+    """--tp runs its own comparison (ours in one process vs over the ranks): refuse what it would not honour."""
+    unused = {"--user-compiled": args.user_compiled, "--quantization": args.quantization, "--markdown": args.markdown}
+    given = [flag for flag, value in unused.items() if value]
+    if given:
+        raise UsageError(f"{', '.join(given)} cannot be combined with --tp (it compares ours eager and compiled only)")
+    if parse_device(args).index is not None:
+        raise UsageError(
+            f"--tp: each rank runs on cuda:LOCAL_RANK or the CPU; pass --device cuda or cpu, not {args.device}"
+        )
 
 
 def _run_tensor_parallel(options: Any, world_size: int) -> int:
@@ -145,14 +160,7 @@ def _bench_models(args: argparse.Namespace) -> list[str]:
     if args.model_dir is not None:
         if args.preset is not None or args.arch is not None:
             raise UsageError("give MODEL_DIR or --preset / --arch, not both")
-        path = Path(args.model_dir).expanduser()
-        if not (path.is_dir() and (path / "config.json").is_file()) and not (
-            path.is_file() and path.suffix == ".gguf"
-        ):
-            raise UsageError(
-                f"MODEL_DIR {str(path)!r} is neither a checkpoint directory (with config.json) nor a .gguf file"
-            )
-        return [str(path)]
+        return [str(model_dir_path(args.model_dir))]  # absolute: never read as a preset name
     if args.preset is None:
         return [DEFAULT_PRESET_FOR_ARCH[args.arch or "llama"]]
     for name in args.preset:

@@ -23,16 +23,20 @@ from typing import Any
 
 import torch
 
-from ..bench.presets import DEFAULT_PRESET, PRESETS, PresetUnavailableError, checkpoint_path, preset_path
+from ..bench.presets import DEFAULT_PRESET, PRESETS, checkpoint_path, preset_path
 from .args import (
     UsageError,
     add_device_args,
     add_quantization_arg,
     id_list,
+    model_dir_path,
     parse_device,
     parse_dtype,
     positive_int,
 )
+
+# generate() options given only with --sample; those not given come from the checkpoint's generation_config.json.
+SAMPLING_ARGS = ("temperature", "top_k", "top_p")
 
 
 def add_parser(commands: Any) -> None:
@@ -61,10 +65,13 @@ def add_parser(commands: Any) -> None:
         "from them (default: inductor's own, under the temp dir)",
     )
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=50)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    checkpoints = "with --sample (default: the checkpoint's generation_config.json)"
+    parser.add_argument("--temperature", type=float, metavar="T", help=checkpoints)
+    parser.add_argument("--top-k", type=int, metavar="K", help=checkpoints)
+    parser.add_argument("--top-p", type=float, metavar="P", help=checkpoints)
+    parser.add_argument(
+        "--seed", type=int, help="with --sample: seed of the sampling generator, the same on every rank (0)"
+    )
     add_device_args(parser, default_dtype="auto")
     add_quantization_arg(parser, "int8: int8 weight-only linear layers (from_pretrained(..., quantization='int8'))")
     parser.set_defaults(handler=run, parser=parser)
@@ -89,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     printing = tp_plan is None or torch.distributed.get_rank() == 0
     stream = None if printing else io.StringIO()  # other ranks: kept, not shown
     streamer = PrintStreamer(tokenizer, stream=stream, skip_prompt=args.chat)
-    generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.sample else None
+    generator = torch.Generator(device=model.device).manual_seed(args.seed or 0) if args.sample else None
     graphs = graphs_compiled()
     start = time.perf_counter()
     model.generate(
@@ -114,27 +121,9 @@ def _checkpoint_dir(args: argparse.Namespace) -> Path:
     if args.model_dir is not None and args.preset is not None:
         raise UsageError("give MODEL_DIR or --preset, not both")
     if args.model_dir is None:
-        return _unavailable_as_usage_error(lambda: preset_path(args.preset or DEFAULT_PRESET))
-    path = Path(args.model_dir).expanduser()
-    if not path.exists():
-        raise UsageError(f"MODEL_DIR {str(path)!r} does not exist")
-    if path.is_file() and path.suffix == ".gguf":
-        return _load(path, lambda: checkpoint_path(path))
-    if not path.is_dir():
-        raise UsageError(f"MODEL_DIR {str(path)!r} is neither a directory nor a .gguf file")
-    if not (path / "config.json").is_file():
-        raise UsageError(
-            f"MODEL_DIR {str(path)!r} has no config.json: expected a checkpoint directory "
-            "(config.json + model.safetensors), e.g. one written by save_pretrained, or a GGUF file"
-        )
-    return path
-
-
-def _unavailable_as_usage_error(build: Callable[[], Path]) -> Path:
-    try:
-        return build()
-    except PresetUnavailableError as err:
-        raise UsageError(str(err)) from err
+        return preset_path(args.preset or DEFAULT_PRESET)
+    path = model_dir_path(args.model_dir)
+    return _load(path, lambda: checkpoint_path(path)) if path.is_file() else path  # a file: a GGUF one
 
 
 def _load(path: Path, load: Callable[[], Any]) -> Any:
@@ -194,10 +183,15 @@ def _tokenizer_problem(path: Path) -> str:
 
 
 def _sampling_options(args: argparse.Namespace, config_class: type) -> dict[str, Any]:
-    """generate() kwargs for greedy or sampled decoding, validated by GenerationConfig."""
-    options: dict[str, Any] = {"do_sample": args.sample}
-    if args.sample:
-        options.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    """generate() kwargs for greedy or sampled decoding, validated by GenerationConfig: with --sample, only the
+    sampling options given (the checkpoint's generation config supplies the others); without it, none may be given."""
+    given = {name: getattr(args, name) for name in SAMPLING_ARGS if getattr(args, name) is not None}
+    if not args.sample:
+        flags = [f"--{name.replace('_', '-')}" for name in [*given, "seed"] if getattr(args, name) is not None]
+        if flags:
+            raise UsageError(f"{', '.join(flags)} only apply with --sample (greedy decoding does not sample)")
+        return {"do_sample": False}
+    options: dict[str, Any] = {"do_sample": True, **given}
     try:
         config_class(**options)
     except ValueError as err:
