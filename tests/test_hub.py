@@ -121,6 +121,14 @@ def test_config_takes_the_hub_arguments(cache, config_class) -> None:
         config_class.from_pretrained("org/tiny", revision="nope", **hub)
 
 
+@pytest.mark.parametrize("name", ["subfolder", "force_download", "proxies"])
+@pytest.mark.parametrize("loader", [AutoConfig, LlamaConfig, AutoModelForCausalLM, LlamaForCausalLM])
+def test_hub_arguments_without_an_equivalent_are_refused(cache, loader, name: str) -> None:
+    """Upstream honours these; here they are refused by name (a config would otherwise keep them as fields)."""
+    with pytest.raises(NotImplementedError, match=f"{name}=.... is not supported"):
+        loader.from_pretrained("org/tiny", cache_dir=cache, local_files_only=True, **{name: "x"})
+
+
 class FakeHub:
     """`snapshot_download` serving the Hub repos `repos` ({repo id: folder}) as huggingface_hub does: the files
     matching `allow_patterns` are copied into the cache's snapshot, whose folder is returned; each call's

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .utils.hub import resolve_pretrained_path
+from .utils.hub import refuse_unsupported_hub_arguments, resolve_pretrained_path
 
 CONFIG_NAME = "config.json"
 
@@ -139,6 +139,7 @@ class PretrainedConfig:
         """Read `config.json` from a checkpoint directory (or the path of a json file) or Hub id (`revision`,
         `local_files_only`, `cache_dir`, `token`: see `utils.hub.resolve_pretrained_path`), or the metadata of
         `gguf_file` in it; `overrides` set config fields."""
+        refuse_unsupported_hub_arguments(f"{cls.__name__}.from_pretrained", overrides)
         hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
         return cls.from_dict(load_config_dict(pretrained_path, gguf_file, **hub), **overrides)
 

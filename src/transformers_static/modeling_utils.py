@@ -27,6 +27,7 @@ from .utils.hub import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     read_weight_map,
+    refuse_unsupported_hub_arguments,
     resolve_pretrained_path,
 )
 
@@ -287,6 +288,7 @@ def _read_weights(path: str, gguf_file: str | None, dtype: torch.dtype) -> dict[
 
 
 def _refuse_unsupported(kwargs: dict[str, Any]) -> None:
+    refuse_unsupported_hub_arguments("from_pretrained", kwargs)
     for name in kwargs:
         if name in UNSUPPORTED_FROM_PRETRAINED:
             raise NotImplementedError(

@@ -13,6 +13,21 @@ WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 # What every loader may read: configs (and weight indexes), tokenizer files, chat templates.
 CONFIG_PATTERNS = ["*.json", "*.jinja", "additional_chat_templates/*"]
+# Upstream's Hub arguments with no equivalent here: every loader refuses them instead of ignoring them.
+UNSUPPORTED_HUB_ARGUMENTS = {
+    "subfolder": "files in a subfolder of the repo (pass the subfolder's path)",
+    "force_download": "re-downloading (the local Hugging Face cache is read first)",
+    "proxies": "HTTP proxies (set HTTPS_PROXY for huggingface_hub)",
+}
+
+
+def refuse_unsupported_hub_arguments(caller: str, kwargs: dict[str, Any]) -> None:
+    """NotImplementedError for the first of `kwargs` in `UNSUPPORTED_HUB_ARGUMENTS`, naming `caller` and why."""
+    for name in kwargs:
+        if name in UNSUPPORTED_HUB_ARGUMENTS:
+            raise NotImplementedError(
+                f"{caller}({name}=...) is not supported by transformers-static: {UNSUPPORTED_HUB_ARGUMENTS[name]}"
+            )
 
 
 def resolve_pretrained_path(

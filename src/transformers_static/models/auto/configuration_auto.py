@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from ...configuration_utils import PretrainedConfig, load_config_dict
+from ...utils.hub import refuse_unsupported_hub_arguments
 
 CONFIG_MAPPING_NAMES = {
     "bloom": "BloomConfig",
@@ -56,6 +57,7 @@ class AutoConfig:
         """The config of a checkpoint directory or Hub id (`revision`, `local_files_only`, `cache_dir`, `token`: see
         `utils.hub.resolve_pretrained_path`), or of its `gguf_file`, in the class of its `model_type`; `overrides`
         set config fields."""
+        refuse_unsupported_hub_arguments("AutoConfig.from_pretrained", overrides)
         hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
         config_dict = load_config_dict(pretrained_path, gguf_file, **hub)
         if "model_type" not in config_dict:
