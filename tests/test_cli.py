@@ -314,7 +314,7 @@ def test_generate_prompt_through_tokenizer(capsys: pytest.CaptureFixture[str], t
     code, out, _ = run_cli(capsys, "generate", str(tmp_path), "--prompt", "w5 w6 w7", "--max-new-tokens", "4")
     assert code == 0
     new = AutoModelForCausalLM.from_pretrained(tmp_path).generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4)[0, 3:]
-    assert out.strip() == tokenizer.decode([5, 6, 7]) + tokenizer.decode(new.tolist())
+    assert out.strip() == tokenizer.decode([5, 6, 7, *new.tolist()])  # decoded as one text, as TextStreamer does
 
 
 # ---------------------------------------------------------------------- bench end to end

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..bench.presets import DEFAULT_PRESET, PRESETS, checkpoint_path, preset_path
+from ..generation.streamers import TextStreamer
 from .args import (
     UsageError,
     add_device_args,
@@ -199,52 +200,43 @@ def _sampling_options(args: argparse.Namespace, config_class: type) -> dict[str,
     return options
 
 
-class PrintStreamer:
-    """Prints the prompt (unless `skip_prompt`), then new tokens as they come: decoded text with a tokenizer, else
-    ids separated by spaces. Batch 1."""
+class PrintStreamer(TextStreamer):
+    """`TextStreamer` (special tokens skipped) writing to `stream` and timing each new token; without a tokenizer,
+    the new ids separated by spaces. Batch 1."""
 
     def __init__(self, tokenizer: Any = None, stream: Any = None, skip_prompt: bool = False) -> None:
-        self.tokenizer = tokenizer
+        super().__init__(tokenizer, skip_prompt=skip_prompt, skip_special_tokens=True)
         self.stream = stream or sys.stdout
-        self.skip_prompt = skip_prompt
-        self.prompt: list[int] | None = None
-        self.ids: list[int] = []  # new tokens so far
+        self.prompt_seen = False
+        self.count = 0  # new tokens so far
         self.stamps: list[float] = []  # when each new token arrived
-        self.printed = ""  # decoded text of the new tokens already printed
 
     def put(self, value: torch.Tensor) -> None:
-        ids = value.reshape(-1).tolist()
-        if self.prompt is None:  # generate's first put holds the prompt
-            self.prompt = ids
-            if self.tokenizer is not None and not self.skip_prompt:
-                self._write(self.tokenizer.decode(ids, skip_special_tokens=True))
-            return
-        self.stamps.append(time.perf_counter())
-        self.ids.extend(ids)
+        is_prompt, self.prompt_seen = not self.prompt_seen, True  # generate's first put holds the prompt
+        if not is_prompt:
+            self.stamps.append(time.perf_counter())
+            self.count += value.numel()
         if self.tokenizer is not None:
-            self._write(self._new_text())
-        else:
-            self._write(" ".join(map(str, ids)) if len(self.ids) == len(ids) else " " + " ".join(map(str, ids)))
+            super().put(value)
+        elif not is_prompt:
+            ids = " ".join(map(str, value.reshape(-1).tolist()))
+            self.on_finalized_text(ids if self.count == value.numel() else " " + ids)
 
     def end(self) -> None:
-        self._write("\n")
+        if self.tokenizer is not None:
+            super().end()
+        else:
+            self.on_finalized_text("", stream_end=True)
 
-    def _new_text(self) -> str:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            return ""
-        new, self.printed = text[len(self.printed) :], text
-        return new
-
-    def _write(self, text: str) -> None:
-        self.stream.write(text)
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        self.stream.write(text + "\n" if stream_end else text)
         self.stream.flush()
 
 
 def _generate_summary(streamer: PrintStreamer, elapsed: float, graphs: int, compiled: bool) -> str:
     """Tokens/s over the whole call, and the decode speed as the median gap between tokens (so a graph compiled
     at the first decode step does not count)."""
-    count = len(streamer.ids)
+    count = streamer.count
     note = " (compilation included)" if compiled and graphs else ""
     summary = f"{count} tokens in {elapsed:.2f} s{note}: {count / elapsed:.1f} tokens/s"
     if count > 1:

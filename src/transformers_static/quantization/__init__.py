@@ -71,14 +71,14 @@ def check_method(method: str) -> None:
         raise ValueError(f"Unknown quantization {method!r}; expected one of {list(QUANTIZATION_METHODS)} or None")
 
 
-def _int8_layer_types() -> tuple[dict[type[nn.Module], bool], tuple[type[nn.Module], ...]]:
-    """(the layer types int8 replaces, each with whether its float weight is stored `[in, out]`; the types kept in
-    the model dtype on purpose). Imported here: the models import `modeling_utils`, which imports this package."""
-    from ..models.falcon.modeling_falcon import FalconLinear
-    from ..models.gemma2.modeling_gemma2 import Gemma2SoftCappedLMHead
-    from ..models.gpt2.modeling_gpt2 import Conv1D
-
-    return {nn.Linear: False, DecodeLinear: False, FalconLinear: False, Conv1D: True}, (Gemma2SoftCappedLMHead,)
+def int8_layout(module: nn.Module) -> str | None:
+    """How int8 treats `module`, declared by its class as `int8_layout` (plain linear layers need none): "out_in"
+    (an nn.Linear-shaped weight, the product then the bias: replaced), "in_out" (a weight stored transposed, GPT-2's
+    Conv1D: replaced, its weight transposed), "keep" (a forward of its own around the product: stays in the model
+    dtype); None for a module that is not a linear layer int8 knows."""
+    if type(module) in (nn.Linear, DecodeLinear):
+        return "out_in"
+    return getattr(type(module), "int8_layout", None)
 
 
 def quantize_model(model: PreTrainedModel, method: str = "int8", *, empty: bool = False) -> None:
@@ -88,35 +88,33 @@ def quantize_model(model: PreTrainedModel, method: str = "int8", *, empty: bool 
     soft-capped head stays in the model dtype (a warning says so); a linear layer of any other type is a ValueError,
     raised before the model changes."""
     check_method(method)
-    quantized, kept_types = _int8_layer_types()
     unknown = sorted(
         f"{name} ({type(module).__name__})"
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and type(module) not in quantized and not isinstance(module, kept_types)
+        if isinstance(module, nn.Linear) and int8_layout(module) is None
     )
     if unknown:
         raise ValueError(
-            f"Cannot quantize to {method}: linear layer(s) of a type int8 does not handle: {unknown}; expected "
-            f"{sorted(t.__name__ for t in quantized)}"
+            f"Cannot quantize to {method}: linear layer(s) of a type that declares no int8_layout: {unknown}"
         )
-    replaced = []
+    replaced, kept = [], []
     for name, module in list(model.named_modules()):
-        if type(module) not in quantized:
+        layout = int8_layout(module)
+        if layout == "keep":
+            kept.append(name)
+        if layout not in ("out_in", "in_out"):
             continue
         replaced.append(name)
         if empty:
             dtype, device = module.weight.dtype, module.weight.device
             layer = Int8Linear(module.in_features, module.out_features, module.bias is not None, dtype, device)
         else:
-            weight = module.weight.T if quantized[type(module)] else module.weight  # [out, in]
+            weight = module.weight.T if layout == "in_out" else module.weight  # [out, in]
             layer = Int8Linear.from_weight(weight, module.bias)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, layer)
-    kept = sorted(name for name, module in model.named_modules() if isinstance(module, kept_types))
     if kept:
-        logger.warning(
-            "int8: %s stay in the model dtype (Gemma2's soft-capped head: its forward caps the logits)", kept
-        )
+        logger.warning("int8: %s stay in the model dtype (a forward of their own around the product)", sorted(kept))
     config = model.config
     if any(f"{name}.weight" in model._tied_weights_keys for name in replaced):
         config.tie_word_embeddings = False  # a tied head now holds its own int8 copy (a kept float one stays tied)

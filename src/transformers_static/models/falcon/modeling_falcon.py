@@ -26,6 +26,8 @@ class FalconLinear(nn.Linear):
     """nn.Linear with the bias added after the matmul, not fused into it: Falcon was trained this way (one more
     rounding in bf16), and upstream keeps it so the checkpoints' numerics hold. Parameters as nn.Linear's."""
 
+    int8_layout = "out_in"  # the product, then the bias: as Int8Linear computes it
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = hidden_states @ self.weight.T
         return hidden_states if self.bias is None else hidden_states + self.bias

@@ -243,6 +243,8 @@ class Gemma2SoftCappedLMHead(nn.Linear):
     Capping inside `lm_head` keeps CausalLMMixin's forward shared (its loss then sees the capped logits, as
     upstream's does); the checkpoint key stays `lm_head.weight`."""
 
+    int8_layout = "keep"  # the capping forward stays: int8 leaves this head in the model dtype
+
     def __init__(self, in_features: int, out_features: int, softcapping: float | None) -> None:
         super().__init__(in_features, out_features, bias=False)
         self.softcapping = softcapping

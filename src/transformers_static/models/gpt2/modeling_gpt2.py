@@ -22,6 +22,8 @@ class Conv1D(nn.Module):
     """A linear layer whose weight is stored `[in_features, out_features]` (nn.Linear's transposed), as the
     original GPT-2 checkpoints store it, so they load unchanged. Arguments in upstream's order: (nf, nx)."""
 
+    int8_layout = "in_out"  # quantization transposes the weight to [out, in]
+
     def __init__(self, out_features: int, in_features: int) -> None:
         super().__init__()
         self.out_features = out_features
