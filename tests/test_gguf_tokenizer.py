@@ -18,6 +18,7 @@ import transformers
 from parameterized import parameterized
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+import transformers_static
 from transformers_static import AutoTokenizer
 from transformers_static.integrations.ggml_tokenizer import gguf_tokenizer
 from transformers_static.modeling_gguf_pytorch_utils import read_gguf, save_gguf_tokenizer
@@ -156,6 +157,11 @@ def assert_same_behaviour(test: unittest.TestCase, ours: Any, upstream: Any) -> 
         test.assertEqual(ours.decode(ids, skip_special_tokens=True), upstream.decode(ids, skip_special_tokens=True))
 
 
+def read_saved(directory: str, side: str, name: str) -> Any:
+    with open(os.path.join(directory, side, name), encoding="utf-8") as f:
+        return json.load(f) if name.endswith(".json") else f.read()
+
+
 class GGUFTokenizerTest(unittest.TestCase):
     def setUp(self) -> None:
         self.tmp = tempfile.mkdtemp()
@@ -170,7 +176,7 @@ class GGUFTokenizerTest(unittest.TestCase):
     @parameterized.expand(sorted(CASES))
     def test_tokenizer_equals_upstream_gguf_tokenizer(self, case: str) -> None:
         path = self.write(case)
-        ours, config = gguf_tokenizer(read_gguf(path)[1].fields)
+        ours, config = gguf_tokenizer(read_gguf(path)[1])
         upstream = transformers.AutoTokenizer.from_pretrained(self.tmp, gguf_file="tok.gguf")
         assert_same_tokenizer_json(self, ours, upstream.backend_tokenizer)
         assert_same_behaviour(self, ours, upstream)
@@ -188,8 +194,20 @@ class GGUFTokenizerTest(unittest.TestCase):
         assert_same_behaviour(self, Tokenizer.from_file(os.path.join(self.tmp, "files", "tokenizer.json")), from_gguf)
         for text in SAMPLES:
             self.assertEqual(from_files(text)["input_ids"], from_gguf(text)["input_ids"], text)
-        for name in NAMED_SPECIAL_TOKENS:  # (upstream's Gemma class adds its default mask token to these)
-            self.assertEqual(getattr(from_files, name), getattr(from_gguf, name), name)
+        ours = AutoTokenizer.from_pretrained(os.path.join(self.tmp, "files"))
+        for tokenizer in (from_files, ours):  # the GGUF's class, padding side and special tokens
+            self.assertEqual(type(tokenizer).__name__, type(from_gguf).__name__)
+            for name in ("padding_side", "special_tokens_map"):
+                self.assertEqual(getattr(tokenizer, name), getattr(from_gguf, name), name)
+        # (tokenizer.json's post-processor adds bos / eos; the flags read back are upstream's)
+        self.assertEqual(
+            (ours.add_bos_token, ours.add_eos_token), (from_files.add_bos_token, from_files.add_eos_token)
+        )
+        self.assertEqual(
+            [ours(text)["input_ids"] for text in SAMPLES], [from_gguf(text)["input_ids"] for text in SAMPLES]
+        )
+        named = {name: getattr(from_gguf, name) for name in NAMED_SPECIAL_TOKENS if getattr(from_gguf, name)}
+        self.assertEqual(read_saved(self.tmp, "files", "special_tokens_map.json"), named)
         if from_gguf.chat_template is not None:
             chat = [{"role": "user", "content": "Hi 😀"}, {"role": "assistant", "content": " there"}]
             render = {"tokenize": False, "add_generation_prompt": True}
@@ -197,16 +215,43 @@ class GGUFTokenizerTest(unittest.TestCase):
                 from_files.apply_chat_template(chat, **render), from_gguf.apply_chat_template(chat, **render)
             )
 
+    @parameterized.expand(
+        [(case, "AutoTokenizer") for case in sorted(CASES)]
+        + [
+            (case, name)
+            for case in ("sentencepiece_gemma", "byte_level_qwen2_split")
+            for name in ("TokenizersBackend", "GPT2Tokenizer", "GemmaTokenizer")
+        ]
+    )
+    def test_from_pretrained_with_gguf_file_equals_upstream(self, case: str, loader: str) -> None:
+        """`<loader>.from_pretrained(dir, gguf_file=...)`: AutoTokenizer takes the class of the file's model type
+        (GemmaTokenizer for Gemma-2, Qwen2Tokenizer for Qwen2), a tokenizer class its own class, over the GGUF's
+        backend; both as upstream's, down to the padding side, special tokens, batch padding and saved files."""
+        self.write(case)
+        ours = getattr(transformers_static, loader).from_pretrained(self.tmp, gguf_file="tok.gguf")
+        upstream = getattr(transformers, loader).from_pretrained(self.tmp, gguf_file="tok.gguf")
+        self.assertEqual(type(ours).__name__, type(upstream).__name__)
+        assert_same_tokenizer_json(self, ours.backend_tokenizer, upstream.backend_tokenizer)
+        for name in ("padding_side", "special_tokens_map", "all_special_tokens", "add_bos_token", "chat_template"):
+            self.assertEqual(getattr(ours, name), getattr(upstream, name), name)
+        self.assertEqual(ours.name_or_path, self.tmp)
+        if upstream.pad_token is None:
+            for tokenizer in (ours, upstream):
+                with self.assertRaisesRegex(ValueError, "does not have a padding token"):
+                    tokenizer(SAMPLES, padding=True)
+                tokenizer.pad_token = tokenizer.eos_token
+        self.assertEqual(ours(SAMPLES, padding=True)["input_ids"], upstream(SAMPLES, padding=True)["input_ids"])
+        for side, tokenizer in (("ours", ours), ("upstream", upstream)):
+            tokenizer.save_pretrained(os.path.join(self.tmp, side))
+        for name in sorted(os.listdir(os.path.join(self.tmp, "upstream"))):  # the same files (configs as JSON)
+            self.assertEqual(read_saved(self.tmp, "ours", name), read_saved(self.tmp, "upstream", name), name)
+
     def test_unknown_tokenizer_model_is_named(self) -> None:
         path = os.path.join(self.tmp, "tok.gguf")
         tokenizer = {"add_tokenizer_model": "rwkv", "add_token_list": ["a", "b"]}
         write_gguf(path, "llama", {}, {"add_block_count": 1}, tokenizer=tokenizer)
         with self.assertRaisesRegex(ValueError, "tokenizer.ggml.model 'rwkv'; supported: 'gpt2'"):
-            gguf_tokenizer(read_gguf(path)[1].fields)
-
-
-if __name__ == "__main__":
-    unittest.main()
+            gguf_tokenizer(read_gguf(path)[1])
 
 
 SMOLLM2_DIRECTORY = smollm2_directory()
@@ -250,3 +295,7 @@ class SmolLM2GGUFAutoTokenizerTest(unittest.TestCase):
         for name in NAMED_SPECIAL_TOKENS:
             self.assertEqual(getattr(self.ours, name), getattr(self.upstream, name), name)
         self.assertEqual(len(self.ours), len(self.upstream))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -9,8 +9,16 @@ import sys
 import pytest
 import torch
 import transformers
+from tokenizers import Tokenizer
 
-from transformers_static import AutoTokenizer, BatchEncoding, PreTrainedTokenizerFast, TokenizersBackend
+import transformers_static
+from transformers_static import (
+    AutoTokenizer,
+    BatchEncoding,
+    GPT2Tokenizer,
+    PreTrainedTokenizerFast,
+    TokenizersBackend,
+)
 
 from . import tokenizer_fixtures as fixtures
 
@@ -234,3 +242,53 @@ def test_missing_tokenizers_library_is_a_clear_error(tokenizer_dirs, monkeypatch
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if the [tokenizers] extra were not installed
     with pytest.raises(ImportError, match=r"pip install 'transformers-static\[tokenizers\]'"):
         AutoTokenizer.from_pretrained(tokenizer_dirs["gpt2_byte_level"])
+
+
+@pytest.mark.parametrize("loader", [AutoTokenizer, GPT2Tokenizer, TokenizersBackend], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "argument",
+    [("subfolder", "tok"), ("force_download", False), ("proxies", {"https": "x"}), ("fix_mistral_regex", True)],
+)
+def test_unsupported_load_arguments_are_refused_by_every_loader(tokenizer_dirs, loader, argument) -> None:
+    name, value = argument
+    with pytest.raises(NotImplementedError, match=rf"{loader.__name__}\.from_pretrained.*{name}.*not supported"):
+        loader.from_pretrained(tokenizer_dirs["gpt2_byte_level"], **{name: value})
+
+
+def test_ignored_load_arguments_stay_out_of_the_saved_config(tokenizer_dirs, tmp_path, caplog) -> None:
+    """trust_remote_code (ignored, with a warning) and fix_mistral_regex=False (upstream's default) are not written
+    back as tokenizer settings by any loader."""
+    for loader in (AutoTokenizer, GPT2Tokenizer):
+        caplog.clear()
+        tokenizer = loader.from_pretrained(tokenizer_dirs["gpt2_byte_level"], trust_remote_code=True)
+        assert "trust_remote_code=True is ignored" in caplog.text
+        tokenizer.save_pretrained(tmp_path / loader.__name__)
+        saved = json.loads((tmp_path / loader.__name__ / "tokenizer_config.json").read_text())
+        assert "trust_remote_code" not in saved, loader
+
+
+def test_fix_mistral_regex_in_tokenizer_config_is_refused(tokenizer_dirs, tmp_path) -> None:
+    path = tmp_path / "mistral"
+    shutil.copytree(tokenizer_dirs["smollm_as_is"], path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "fix_mistral_regex": False}))
+    assert AutoTokenizer.from_pretrained(path).init_kwargs["fix_mistral_regex"] is False  # as upstream: kept
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "fix_mistral_regex": True}))
+    for loader in (AutoTokenizer, TokenizersBackend):
+        with pytest.raises(NotImplementedError, match=r"tokenizer_config.json sets fix_mistral_regex=True.*Mistral"):
+            loader.from_pretrained(path)
+
+
+@pytest.mark.parametrize("name", ["GPT2Tokenizer", "GemmaTokenizer", "Qwen2Tokenizer", "TokenizersBackend"])
+def test_tokenizer_object_takes_the_class_defaults_like_upstream(tokenizer_dirs, name) -> None:
+    backend = Tokenizer.from_file(os.path.join(tokenizer_dirs["gpt2_as_is"], "tokenizer.json"))
+    theirs = getattr(transformers, name)(tokenizer_object=backend)
+    ours = getattr(transformers_static, name)(tokenizer_object=backend)
+    assert ours.special_tokens_map == theirs.special_tokens_map
+    assert ours.all_special_tokens == theirs.all_special_tokens
+    assert (ours.padding_side, ours.add_prefix_space, len(ours)) == (
+        theirs.padding_side,
+        theirs.add_prefix_space,
+        len(theirs),
+    )
+    assert ours("a <pad> b")["input_ids"] == theirs("a <pad> b")["input_ids"]

@@ -624,7 +624,9 @@ class PreTrainedTokenizerBase:
     ) -> PreTrainedTokenizerBase:
         """Load from a directory (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
         chat_template.jinja) or a Hub id (see `load_tokenizer`). kwargs override the files' settings."""
-        return load_tokenizer(lambda path: cls, pretrained_model_name_or_path, **kwargs)
+        return load_tokenizer(
+            lambda path: cls, pretrained_model_name_or_path, caller=f"{cls.__name__}.from_pretrained", **kwargs
+        )
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> tuple[str, ...]:
         """Write tokenizer_config.json, chat_template.jinja (and additional_chat_templates/) and tokenizer.json,
@@ -684,26 +686,56 @@ class PreTrainedTokenizerBase:
         return saved
 
 
+def _refuse_fix_mistral_regex(settings: dict[str, Any], where: str) -> None:
+    """Upstream's `fix_mistral_regex` (a kwarg, or a tokenizer_config.json key) patches the pre-tokenizer regex of
+    some Mistral tokenizers; not implemented here, so refused when set rather than ignored."""
+    if settings.get("fix_mistral_regex"):
+        raise NotImplementedError(
+            f"{where} sets fix_mistral_regex={settings['fix_mistral_regex']!r}: upstream's patch of Mistral's "
+            "pre-tokenizer regex is not supported by transformers-static"
+        )
+
+
 def load_tokenizer(
     select_class: Callable[[str], type[PreTrainedTokenizerBase]],
     pretrained_model_name_or_path: str | os.PathLike,
     *,
+    caller: str,
     revision: str | None = None,
     local_files_only: bool = False,
     cache_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
+    gguf_file: str | None = None,
     **kwargs: Any,
 ) -> PreTrainedTokenizerBase:
     """The tokenizer of a directory or a Hub id (the local Hugging Face cache first, see `resolve_pretrained_path`),
-    of the class `select_class(directory)` picks, built from its files with `kwargs` on top."""
-    from .utils.hub import resolve_pretrained_path
+    of the class `select_class(directory)` picks, built from its files, or from the metadata of its `gguf_file`
+    (the GGUF's backend, special tokens, add_bos_token / add_eos_token and chat template, as upstream builds them),
+    with `kwargs` on top. `trust_remote_code` is ignored with a warning; `subfolder`, `force_download`, `proxies`
+    and a set `fix_mistral_regex` are refused, naming `caller`."""
+    from .utils.hub import refuse_unsupported_hub_arguments, resolve_pretrained_path
 
+    refuse_unsupported_hub_arguments(caller, kwargs)
+    _refuse_fix_mistral_regex(kwargs, caller)
+    if kwargs.pop("trust_remote_code", None):
+        logger.warning("trust_remote_code=True is ignored: transformers_static runs no remote code")
     name = os.fspath(pretrained_model_name_or_path)
     path = resolve_pretrained_path(
-        name, revision=revision, local_files_only=local_files_only, cache_dir=cache_dir, token=token
+        name,
+        revision=revision,
+        local_files_only=local_files_only,
+        cache_dir=cache_dir,
+        token=token,
+        weights=False,
+        gguf_file=gguf_file,
     )
     tokenizer_class = select_class(path)
-    init_kwargs = read_tokenizer_files(path, kwargs, tokenizer_class.SPECIAL_TOKENS_ATTRIBUTES)
+    if gguf_file is not None:
+        from .modeling_gguf_pytorch_utils import load_gguf_tokenizer_kwargs
+
+        init_kwargs = {**load_gguf_tokenizer_kwargs(os.path.join(path, gguf_file)), **kwargs}
+    else:
+        init_kwargs = read_tokenizer_files(path, kwargs, tokenizer_class.SPECIAL_TOKENS_ATTRIBUTES)
     init_kwargs.update(name_or_path=name, is_local=os.path.isdir(name), local_files_only=local_files_only)
     return tokenizer_class(**init_kwargs)
 
@@ -767,6 +799,7 @@ def read_tokenizer_files(path: str, kwargs: dict[str, Any], named_tokens: list[s
             f"No {TOKENIZER_FILE} in {path!r} (found {present}): transformers_static reads tokenizers-library files "
             "only (not vocab.json/merges.txt or a SentencePiece tokenizer.model alone)"
         )
+    _refuse_fix_mistral_regex(config, config_file)
     config.pop("add_bos_token", None)
     config.pop("add_eos_token", None)
     templates = _read_chat_templates(path)

@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 class TokenizersBackend(PreTrainedTokenizerBase):
     """A `tokenizers.Tokenizer` with upstream's special tokens, padding, truncation, decoding and chat templates.
 
-    Build it with `from_pretrained(dir)`, `TokenizersBackend(tokenizer_file=path)` or
-    `TokenizersBackend(tokenizer_object=tokenizers.Tokenizer(...))`, plus any tokenizer_config.json setting as kwargs.
+    Build it with `from_pretrained(dir)` (or `from_pretrained(dir, gguf_file=...)`), `TokenizersBackend(tokenizer_file=
+    path)` or `TokenizersBackend(tokenizer_object=tokenizers.Tokenizer(...))`, a model-specific class also from
+    `vocab=` / `merges=`, plus any tokenizer_config.json setting as kwargs.
     """
 
     # Settings a model-specific class assumes when its files leave them out (the defaults of upstream's `__init__`:
@@ -66,18 +67,24 @@ class TokenizersBackend(PreTrainedTokenizerBase):
 
     # ------------------------------------------------------------------ building the backend
     def _make_backend(self, tokenizer_object: Any, tokenizer_file: str | None, kwargs: dict[str, Any]) -> Any:
-        if tokenizer_object is not None:
-            return copy.deepcopy(tokenizer_object)
-        if tokenizer_file is None or not os.path.isfile(tokenizer_file):
-            raise ValueError(
-                f"{type(self).__name__} needs tokenizer_file (a tokenizer.json) or tokenizer_object "
-                f"(a tokenizers.Tokenizer); got tokenizer_file={tokenizer_file!r}"
-            )
-        if type(self).build_backend is TokenizersBackend.build_backend:
-            return Tokenizer.from_file(tokenizer_file)
-        kwargs.update(_native_parts(tokenizer_file))
+        """The class's defaults into `kwargs`, then the backend: `tokenizer_object` as given, tokenizer.json as it is
+        (the base class) or the class's own pipeline over its vocab and merges, or over `vocab=` / `merges=`."""
         for key, value in self.init_defaults.items():
             kwargs.setdefault(key, value)
+        if tokenizer_object is not None:
+            return copy.deepcopy(tokenizer_object)
+        own_pipeline = type(self).build_backend is not TokenizersBackend.build_backend
+        if tokenizer_file is None and own_pipeline and "vocab" in kwargs:
+            return self.build_backend(kwargs)
+        if tokenizer_file is None or not os.path.isfile(tokenizer_file):
+            vocab = " or vocab= / merges=" if own_pipeline else ""
+            raise ValueError(
+                f"{type(self).__name__} needs tokenizer_file (a tokenizer.json) or tokenizer_object "
+                f"(a tokenizers.Tokenizer){vocab}; got tokenizer_file={tokenizer_file!r}"
+            )
+        if not own_pipeline:
+            return Tokenizer.from_file(tokenizer_file)
+        kwargs.update(_native_parts(tokenizer_file))
         return self.build_backend(kwargs)
 
     def build_backend(self, kwargs: dict[str, Any]) -> Any:

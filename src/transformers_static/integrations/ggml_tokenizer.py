@@ -2,13 +2,23 @@
 `tokenizers.Tokenizer` (what tokenizer.json holds), the special tokens and the chat template.
 
 A GGUF stores the vocabulary, merges (or scores), token types and special token ids under `tokenizer.ggml.*`:
-`model` "gpt2" is a byte-level BPE, "llama" a SentencePiece BPE (Gemma's variant for Gemma files).
+`model` "gpt2" is a byte-level BPE (built by GPT2Tokenizer), "llama" a SentencePiece BPE (LlamaTokenizer;
+GemmaTokenizer for Gemma files). What is GGUF-specific stays here: respelling, merges from scores, split regexes.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ..models.gemma.tokenization_gemma import GemmaTokenizer
+from ..models.gpt2.tokenization_gpt2 import GPT2Tokenizer
+from ..models.llama.tokenization_llama import LlamaTokenizer
+from ..models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_SPLIT
+from ..tokenization_utils_tokenizers import TokenizersBackend
+
+if TYPE_CHECKING:
+    from .ggml import GGUFMetadata
 
 # `tokenizer.ggml.token_type` values (llama.cpp's): control tokens are special, user-defined ones are added.
 CONTROL, USER_DEFINED = 3, 4
@@ -19,9 +29,6 @@ GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _TEKKEN_SPLIT = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
@@ -40,7 +47,7 @@ PRE_TOKENIZER_SPLITS = {
     ),
     **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3_SPLIT),
     "tekken": _TEKKEN_SPLIT,
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2_SPLIT),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), QWEN2_SPLIT),
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O_SPLIT),
 }
 
@@ -92,77 +99,41 @@ def _scores(fields: dict[str, Any], tokens: list[str]) -> dict[str, float]:
     return {} if scores is None else dict(zip(tokens, scores, strict=True))
 
 
-def _byte_level(fields: dict[str, Any], tokens: list[str]) -> Any:
-    """GPT-2-style byte-level BPE; tokens not spelled in the byte alphabet are respelled through it."""
-    tk = _tokenizers()
+def _byte_level(fields: dict[str, Any], tokens: list[str]) -> TokenizersBackend:
+    """GPT2Tokenizer over the file's byte-level BPE; tokens not spelled in the byte alphabet are respelled through it,
+    and text is split with the regex of the file's llama.cpp pre-tokenizer (if it names one)."""
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     respelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
     vocab = {token: index for index, token in enumerate(respelled)}
-    merges = _merges(fields, vocab, {})
-    model = tk.models.BPE(
-        vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False
-    )
-    tokenizer = tk.Tokenizer(model)
+    tokenizer = GPT2Tokenizer(vocab=vocab, merges=_merges(fields, vocab, {}))
     split = PRE_TOKENIZER_SPLITS.get(fields.get("tokenizer.ggml.pre"))
-    if split is None:
-        tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        tokenizer.pre_tokenizer = tk.pre_tokenizers.Sequence(
+    if split is not None:
+        tk = _tokenizers()
+        tokenizer.backend_tokenizer.pre_tokenizer = tk.pre_tokenizers.Sequence(
             [
                 tk.pre_tokenizers.Split(tk.Regex(split), behavior="isolated"),
                 tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
-    tokenizer.decoder = tk.decoders.ByteLevel()
     return tokenizer
 
 
-def _sentencepiece(fields: dict[str, Any], tokens: list[str]) -> Any:
-    """Llama's SentencePiece as a byte-fallback BPE: a "▁" is prepended to the first word only."""
-    tk = _tokenizers()
+def _sentencepiece(fields: dict[str, Any], tokens: list[str]) -> TokenizersBackend:
+    """LlamaTokenizer over the file's SentencePiece vocabulary (merges from the file, else from its scores)."""
     vocab = {token: index for index, token in enumerate(tokens)}
-    merges = _merges(fields, vocab, _scores(fields, tokens))
-    tokenizer = tk.Tokenizer(
-        tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None)
-    )
-    tokenizer.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    tokenizer.decoder = tk.decoders.Sequence(
-        [
-            tk.decoders.Replace("▁", " "),
-            tk.decoders.ByteFallback(),
-            tk.decoders.Fuse(),
-            tk.decoders.Strip(content=" ", left=1),
-        ]
-    )
-    return tokenizer
+    return LlamaTokenizer(vocab=vocab, merges=_merges(fields, vocab, _scores(fields, tokens)))
 
 
-def _gemma(fields: dict[str, Any], tokens: list[str]) -> Any:
-    """Gemma's SentencePiece: spaces become "▁" (no prefix), whitespace-only tokens are stored as real spaces (so
-    respelled), and merges follow the order of the tokens in the file (Gemma's scores do not)."""
-    tk = _tokenizers()
+def _gemma(fields: dict[str, Any], tokens: list[str]) -> TokenizersBackend:
+    """GemmaTokenizer over the file's vocabulary: whitespace-only tokens are stored as real spaces (so respelled
+    with "▁"), and merges follow the order of the tokens in the file (Gemma's scores do not)."""
     respelled = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {token: index for index, token in enumerate(respelled)}
     merges = _merges(fields, vocab, {token: -index for index, token in enumerate(respelled)})
-    model = tk.models.BPE(
-        vocab=vocab, merges=merges, fuse_unk=True, unk_token="<unk>", dropout=None, byte_fallback=True
-    )
-    tokenizer = tk.Tokenizer(model)
-    tokenizer.normalizer = tk.normalizers.Replace(" ", "▁")
-    tokenizer.pre_tokenizer = tk.pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
-    tokenizer.decoder = tk.decoders.Sequence(
-        [tk.decoders.Replace("▁", " "), tk.decoders.ByteFallback(), tk.decoders.Fuse()]
-    )
-    return tokenizer
+    return GemmaTokenizer(vocab=vocab, merges=merges)
 
 
-# Tokens upstream's tokenizer classes mark special by default (when the vocabulary has them).
-_DEFAULT_SPECIAL = {
-    "byte_level": ("<|endoftext|>",),
-    "sentencepiece": ("<unk>", "<s>", "</s>"),
-    "gemma": ("<unk>", "<bos>", "<eos>", "<pad>", "<mask>"),
-}
 _BUILDERS = {"byte_level": _byte_level, "sentencepiece": _sentencepiece, "gemma": _gemma}
 
 
@@ -178,28 +149,28 @@ def _kind(fields: dict[str, Any]) -> str:
     )
 
 
-def special_tokens(fields: dict[str, Any]) -> dict[str, str | None]:
+def special_tokens(md: GGUFMetadata) -> dict[str, str | None]:
     """`{"bos_token": "<s>", ...}` from the file's special token ids (None where it names none)."""
-    tokens = fields["tokenizer.ggml.tokens"]
-    ids = {name: fields.get(f"tokenizer.ggml.{key}_token_id") for name, key in SPECIAL_TOKEN_IDS.items()}
+    tokens = md.fields["tokenizer.ggml.tokens"]
+    ids = {name: md.token_id(key) for name, key in SPECIAL_TOKEN_IDS.items()}
     return {name: None if index is None else tokens[index] for name, index in ids.items()}
 
 
-def gguf_tokenizer(fields: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """`(tokenizers.Tokenizer, tokenizer_config)` from a GGUF file's metadata.
-
-    The tokenizer holds what upstream's GGUF tokenizer holds: model, pre-tokenizer, decoder; the file's control
-    tokens (and the named special tokens) as special added tokens, its user-defined tokens as plain added tokens;
-    a post-processor adding BOS / EOS as `tokenizer.ggml.add_bos_token` / `add_eos_token` say (BOS by default for
-    SentencePiece, as llama.cpp does). The config holds the special tokens, those two flags and the chat template.
+def gguf_tokenizer(md: GGUFMetadata) -> tuple[Any, dict[str, Any]]:
+    """`(tokenizers.Tokenizer, tokenizer_config)` from a GGUF file's metadata, built as upstream builds it: the
+    tokenizer class of the vocabulary (GPT2Tokenizer, LlamaTokenizer, GemmaTokenizer) over the file's tokens and
+    merges; the file's control tokens added as special tokens, its user-defined ones as plain added tokens; then the
+    named special tokens and a post-processor adding BOS / EOS as `tokenizer.ggml.add_bos_token` / `add_eos_token`
+    say (BOS by default for SentencePiece, as llama.cpp does). The config holds the named special tokens (None
+    where the file names none), those two flags and the chat template.
     """
-    tk = _tokenizers()
+    fields = md.fields
     if "tokenizer.ggml.tokens" not in fields:
         raise ValueError("The GGUF file has no tokenizer.ggml.tokens: it holds no tokenizer")
+    tk = _tokenizers()
     kind = _kind(fields)
     tokens = fields["tokenizer.ggml.tokens"]
-    tokenizer = _BUILDERS[kind](fields, tokens)
-    named = special_tokens(fields)
+    backend = _BUILDERS[kind](fields, tokens).backend_tokenizer
     types = fields.get("tokenizer.ggml.token_type") or [0] * len(tokens)
     spelled = set(bytes_to_unicode().values()) if kind == "byte_level" else None
     control = [
@@ -207,27 +178,17 @@ def gguf_tokenizer(fields: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         for t, kind_ in zip(tokens, types, strict=True)
         if kind_ == CONTROL and (spelled is None or set(t) <= spelled)
     ]
-    vocab = tokenizer.get_vocab()
-    special = [t for t in (*_DEFAULT_SPECIAL[kind], *control) if t in vocab]
+    backend.add_special_tokens([tk.AddedToken(t, special=True, normalized=False) for t in control])
+    vocab = backend.get_vocab()
     user_defined = [t for t, kind_ in zip(tokens, types, strict=True) if kind_ == USER_DEFINED and t in vocab]
-    # The named special tokens last, and only those not added already (a user-defined one stays non-special).
-    special += [t for t in named.values() if t in vocab and t not in special and t not in user_defined]
-    tokenizer.add_special_tokens([tk.AddedToken(t, special=True, normalized=False) for t in special])
-    tokenizer.add_tokens([tk.AddedToken(t, special=False, normalized=False) for t in user_defined])
-    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", kind != "byte_level")) and named["bos_token"] is not None
-    add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False)) and named["eos_token"] is not None
-    tokenizer.post_processor = _post_processor(tokenizer, named, add_bos, add_eos)
-    config = {**named, "add_bos_token": add_bos, "add_eos_token": add_eos}
+    backend.add_tokens([tk.AddedToken(t, special=False, normalized=False) for t in user_defined])
+    config = {
+        **special_tokens(md),
+        "add_bos_token": bool(fields.get("tokenizer.ggml.add_bos_token", kind != "byte_level")),
+        "add_eos_token": bool(fields.get("tokenizer.ggml.add_eos_token", False)),
+    }
     if "tokenizer.chat_template" in fields:
         config["chat_template"] = fields["tokenizer.chat_template"]
-    return tokenizer, config
-
-
-def _post_processor(tokenizer: Any, named: dict[str, str | None], add_bos: bool, add_eos: bool) -> Any:
-    """`[BOS] $A [EOS]` (and `[BOS] $B:1 [EOS]` for pairs) with the flags' tokens, as upstream builds it."""
-    tk = _tokenizers()
-    bos, eos = named["bos_token"], named["eos_token"]
-    single = f"{f'{bos}:0 ' if add_bos else ''}$A:0{f' {eos}:0' if add_eos else ''}"
-    pair = f"{single}{f' {bos}:1' if add_bos else ''} $B:1{f' {eos}:1' if add_eos else ''}"
-    ids = [(bos, tokenizer.token_to_id(bos))] * add_bos + [(eos, tokenizer.token_to_id(eos))] * add_eos
-    return tk.processors.TemplateProcessing(single=single, pair=pair, special_tokens=ids)
+    tokenizer = TokenizersBackend(tokenizer_object=backend, **config)
+    config.update(add_bos_token=tokenizer.add_bos_token, add_eos_token=tokenizer.add_eos_token)
+    return tokenizer.backend_tokenizer, config

@@ -4,17 +4,12 @@
 from __future__ import annotations
 
 import importlib
-import logging
 import os
-import tempfile
 from typing import Any
 
 from ...configuration_utils import load_config_dict
 from ...tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, _read_json, load_tokenizer
 from ...tokenization_utils_tokenizers import TokenizersBackend
-from ...utils.hub import resolve_pretrained_path
-
-logger = logging.getLogger(__name__)
 
 # model_type -> upstream's registered tokenizer class (model types absent here have none).
 TOKENIZER_MAPPING_NAMES = {
@@ -71,34 +66,24 @@ class AutoTokenizer:
         """The checkpoint's tokenizer (a directory, or a Hub id with `revision`, `local_files_only`, `cache_dir`,
         `token`); other kwargs override tokenizer_config.json settings (`padding_side="left"`, `pad_token=...`).
         `use_fast` is ignored (every tokenizer is a fast one, as in upstream 5), and so is `trust_remote_code` (with
-        a warning) unless the checkpoint needs remote code, which is an error. `config=` may give the model type."""
+        a warning) unless the checkpoint needs remote code, which is an error. `config=` may give the model type;
+        with `gguf_file=` the GGUF's own model type decides the class, as upstream's does."""
         kwargs.pop("use_fast", None)
-        if kwargs.pop("trust_remote_code", None):
-            logger.warning("trust_remote_code=True is ignored: transformers_static runs no remote code")
-        for name in ("tokenizer_type", "subfolder", "fix_mistral_regex", "force_download", "proxies"):
-            if kwargs.get(name):
-                raise ValueError(f"AutoTokenizer.from_pretrained({name}=...) is not supported by transformers_static")
+        if kwargs.pop("tokenizer_type", None):
+            raise ValueError(
+                "AutoTokenizer.from_pretrained(tokenizer_type=...) is not supported by transformers_static"
+            )
         config = kwargs.pop("config", None)
-        gguf_file = kwargs.pop("gguf_file", None)
-        if gguf_file is not None:
-            return _from_gguf(pretrained_model_name_or_path, gguf_file, config, kwargs)
-        return load_tokenizer(
-            lambda path: select_tokenizer_class(path, config), pretrained_model_name_or_path, **kwargs
-        )
+        gguf_file = kwargs.get("gguf_file")
 
+        def select(path: str) -> type[TokenizersBackend]:
+            if gguf_file is None:
+                return select_tokenizer_class(path, config)
+            from ...modeling_gguf_pytorch_utils import gguf_model_type
 
-def _from_gguf(
-    pretrained_model_name_or_path: str | os.PathLike, gguf_file: str, config: Any, kwargs: dict[str, Any]
-) -> TokenizersBackend:
-    """The tokenizer rebuilt from `gguf_file`'s metadata (in the checkpoint directory or Hub snapshot), as upstream
-    rebuilds it: its files are written to a temporary directory and read back like any checkpoint's."""
-    from ...modeling_gguf_pytorch_utils import save_gguf_tokenizer
+            return select_tokenizer_class(path, {"model_type": gguf_model_type(os.path.join(path, gguf_file))})
 
-    hub = {k: kwargs.pop(k) for k in ("revision", "local_files_only", "cache_dir", "token") if k in kwargs}
-    directory = resolve_pretrained_path(pretrained_model_name_or_path, **hub)
-    with tempfile.TemporaryDirectory(prefix="gguf-tokenizer-") as files:
-        save_gguf_tokenizer(os.path.join(directory, gguf_file), files)
-        return load_tokenizer(lambda path: select_tokenizer_class(path, config), files, **kwargs)
+        return load_tokenizer(select, pretrained_model_name_or_path, caller="AutoTokenizer.from_pretrained", **kwargs)
 
 
 def select_tokenizer_class(path: str, config: Any = None) -> type[TokenizersBackend]:
@@ -128,6 +113,12 @@ def select_tokenizer_class(path: str, config: Any = None) -> type[TokenizersBack
         return tokenizer_class_from_name(name)
     if declared:
         return tokenizer_class_from_name(declared)
+    return tokenizer_class_for_model_type(model_type)
+
+
+def tokenizer_class_for_model_type(model_type: str | None) -> type[TokenizersBackend]:
+    """The model type's registered tokenizer class, TokenizersBackend for a model type that has none."""
+    registered = TOKENIZER_MAPPING_NAMES.get(model_type)
     return tokenizer_class_from_name(registered) if registered else TokenizersBackend
 
 
@@ -140,7 +131,10 @@ def _is_byte_level(tokenizer_file: str) -> bool:
 
 
 def _model_config(path: str, config: Any) -> dict[str, Any]:
-    """The model config as a dict: the `config` passed, else config.json beside the tokenizer, else empty."""
+    """The model config as a dict: the `config` passed (an object or a dict), else config.json beside the tokenizer,
+    else empty."""
+    if isinstance(config, dict):
+        return config
     if config is not None:
         return {"model_type": config.model_type, "tokenizer_class": getattr(config, "tokenizer_class", None)}
     try:
