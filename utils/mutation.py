@@ -471,8 +471,8 @@ MUTANTS = (
     mutant(
         "hub-id-read-from-the-wrong-revision",
         "utils/hub.py",
-        'hub = {"revision": revision, "cache_dir": cache_dir, "token": token}',
-        'hub = {"revision": None, "cache_dir": cache_dir, "token": token}',
+        'hub = {"revision": revision, "cache_dir": cache, "token": token}',
+        'hub = {"revision": None, "cache_dir": cache, "token": token}',
         "tests/test_hub.py::test_resolver_reads_refs_and_commits",
     ),
     # --- the drop-in surface: tokenizers, chat templates, streamers
@@ -533,6 +533,27 @@ MUTANTS = (
         "absmax / INT8_MAX",
         "absmax / 128",
         "tests/test_quantization.py::test_quantize_weight_is_symmetric_per_output_channel",
+    ),
+    mutant(
+        "int8-conv1d-left-float",
+        "quantization/__init__.py",
+        'if layout not in ("out_in", "in_out"):',
+        'if layout != "out_in":',
+        "tests/test_quantization.py::test_every_projection_of_every_architecture_becomes_int8[gpt2]",
+    ),
+    mutant(
+        "finished-rows-fed-their-own-pick",
+        GEN,
+        "fed = token if feed_pad else picked",
+        "fed = picked",
+        PROCESSORS + "test_logits_and_scores_of_finished_rows_are_upstreams",
+    ),
+    mutant(
+        "generate-forwards-recheck-their-inputs",
+        INPUTS,
+        "return not torch.compiler.is_compiling() and not _inputs_checked.get()",
+        "return not torch.compiler.is_compiling()",
+        GEN_INPUTS + "test_generate_steps_read_nothing_back_in_the_forward",
     ),
     mutant(
         "int8-marker-names-a-quant-method",

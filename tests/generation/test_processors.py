@@ -187,19 +187,21 @@ def test_output_scores_are_upstreams_processed_scores(
 
 
 def test_logits_and_scores_of_finished_rows_are_upstreams(
-    llama: Pair, prompt: tuple[torch.Tensor, torch.Tensor], greedy: torch.Tensor
+    llama: Pair, prompt: tuple[torch.Tensor, torch.Tensor]
 ) -> None:
     """A row that hits EOS early is fed the pad id from then on, as upstream feeds it, so its later logits and
     processed scores (the repetition penalty sees the pads) are upstream's too."""
     ids, mask = prompt
-    eos = int(greedy[0, 2])  # row 0 finishes at its third new token
-    assert eos not in greedy[1].tolist()  # row 1 runs on after row 0 finished
-    kwargs = dict(BASE, eos_token_id=eos, repetition_penalty=1.3)
-    kwargs.update(return_dict_in_generate=True, output_scores=True, output_logits=True)
+    kwargs = dict(BASE, repetition_penalty=1.3, pad_token_id=1)
+    running = llama.ours.generate(ids, attention_mask=mask, **kwargs)[:, ids.shape[1] :]
+    eos = int(running[0, 2])  # row 0 finishes at its third new token
+    assert eos not in running[1].tolist() and eos != 1  # row 1 runs on after row 0 finished
+    kwargs.update(eos_token_id=eos, return_dict_in_generate=True, output_scores=True, output_logits=True)
     ours = llama.ours.generate(ids, attention_mask=mask, **kwargs)
     theirs = llama.upstream.generate(ids, attention_mask=mask, **kwargs)
     torch.testing.assert_close(ours.sequences, theirs.sequences, rtol=0, atol=0)
-    assert len(ours.logits) > 3  # steps after row 0 finished are compared
+    assert ours.sequences[0, -NEW + 3 :].tolist() == [1] * (NEW - 3)  # row 0 padded after its EOS
+    assert len(ours.logits) == NEW  # the steps after row 0 finished are compared
     torch.testing.assert_close(torch.stack(ours.logits), torch.stack(theirs.logits), rtol=0, atol=1e-4)
     torch.testing.assert_close(torch.stack(ours.scores), torch.stack(theirs.scores), rtol=0, atol=1e-4)
 
