@@ -18,11 +18,8 @@ from parameterized import parameterized
 
 from transformers_static import AutoModelForCausalLM, MistralForCausalLM
 from transformers_static.bench.presets import convert_gguf_to_checkpoint
-from transformers_static.modeling_gguf_pytorch_utils import (
-    load_gguf_checkpoint,
-    load_gguf_config_dict,
-    load_gguf_tokenizer_files,
-)
+from transformers_static.modeling_gguf_pytorch_utils import load_gguf_checkpoint, load_gguf_config_dict
+from transformers_static.models.auto.tokenization_auto import load_gguf_tokenizer_files
 
 from .gguf_testing_utils import Q, byte_tokens, gguf, gguf_tensors, llama_metadata, logits, write_gguf
 from .models.causal_lm_tester import perturb

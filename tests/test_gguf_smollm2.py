@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from torch._dynamo.testing import CompileCounter
 
 from transformers_static import AutoModelForCausalLM
-from transformers_static.modeling_gguf_pytorch_utils import load_gguf_tokenizer_files, save_gguf_tokenizer
+from transformers_static.models.auto.tokenization_auto import load_gguf_tokenizer_files, save_gguf_tokenizer
 
 from .gguf_testing_utils import smollm2_directory
 

@@ -20,8 +20,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import transformers_static
 from transformers_static import AutoTokenizer
-from transformers_static.integrations.ggml_tokenizer import gguf_tokenizer
-from transformers_static.modeling_gguf_pytorch_utils import read_gguf, save_gguf_tokenizer
+from transformers_static.integrations.ggml_tokenizer import gguf_tokenizer_kwargs
+from transformers_static.modeling_gguf_pytorch_utils import load_gguf_tokenizer_data
+from transformers_static.models.auto.tokenization_auto import save_gguf_tokenizer
 
 from .gguf_testing_utils import smollm2_directory, write_gguf
 
@@ -176,14 +177,14 @@ class GGUFTokenizerTest(unittest.TestCase):
     @parameterized.expand(sorted(CASES))
     def test_tokenizer_equals_upstream_gguf_tokenizer(self, case: str) -> None:
         path = self.write(case)
-        ours, config = gguf_tokenizer(read_gguf(path)[1])
+        ours = AutoTokenizer.from_pretrained(self.tmp, gguf_file="tok.gguf")
         upstream = transformers.AutoTokenizer.from_pretrained(self.tmp, gguf_file="tok.gguf")
-        assert_same_tokenizer_json(self, ours, upstream.backend_tokenizer)
-        assert_same_behaviour(self, ours, upstream)
+        assert_same_tokenizer_json(self, ours.backend_tokenizer, upstream.backend_tokenizer)
+        assert_same_behaviour(self, ours.backend_tokenizer, upstream)
         for name in NAMED_SPECIAL_TOKENS:
-            self.assertEqual(config[name], getattr(upstream, name), name)
-        self.assertEqual(config["add_bos_token"], upstream.add_bos_token)
-        self.assertEqual(config.get("chat_template"), upstream.chat_template)
+            self.assertEqual(getattr(ours, name), getattr(upstream, name), name)
+        self.assertEqual(ours.add_bos_token, upstream.add_bos_token)
+        self.assertEqual(ours.chat_template, upstream.chat_template)
 
     @parameterized.expand(sorted(CASES))
     def test_written_files_load_in_upstream_as_the_same_tokenizer(self, case: str) -> None:
@@ -251,7 +252,7 @@ class GGUFTokenizerTest(unittest.TestCase):
         tokenizer = {"add_tokenizer_model": "rwkv", "add_token_list": ["a", "b"]}
         write_gguf(path, "llama", {}, {"add_block_count": 1}, tokenizer=tokenizer)
         with self.assertRaisesRegex(ValueError, "tokenizer.ggml.model 'rwkv'; supported: 'gpt2'"):
-            gguf_tokenizer(read_gguf(path)[1])
+            gguf_tokenizer_kwargs(load_gguf_tokenizer_data(path))
 
 
 SMOLLM2_DIRECTORY = smollm2_directory()

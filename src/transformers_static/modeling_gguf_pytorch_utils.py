@@ -1,5 +1,7 @@
-"""Loading GGUF (llama.cpp) checkpoints with the `gguf` package: the config from the file's metadata, the tensors
-dequantized to a torch dtype under our state-dict names, and an atomic conversion to an ordinary checkpoint.
+"""Reading GGUF (llama.cpp) files with the `gguf` package, as plain data: the config dict from the file's metadata
+(llama.cpp's rules, `integrations.ggml`), the tensors dequantized to a torch dtype under our state-dict names, and
+the tokenizer metadata. The bottom of the library: it imports nothing of it but `integrations.ggml`; the config,
+model and tokenizer loaders call it.
 
     config_dict, state_dict = load_gguf_checkpoint("model.gguf", torch.float32)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file="model.gguf", dtype="float32")
@@ -8,7 +10,6 @@ dequantized to a torch dtype under our state-dict names, and an atomic conversio
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -17,8 +18,6 @@ import numpy as np
 import torch
 
 from .integrations.ggml import GGUF_ARCHITECTURES, GGUFMetadata, gguf_architecture
-from .integrations.ggml_tokenizer import SPECIAL_TOKEN_IDS, gguf_tokenizer
-from .tokenization_utils_base import SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
 GGUF_INSTALL_HINT = "pip install 'transformers-static[gguf]' (or pip install gguf)"
 
@@ -233,48 +232,15 @@ TENSOR_PROCESSORS: dict[str, Callable[[str, torch.Tensor, dict[str, Any]], dict[
 }
 
 
-# ---------------------------------------------------------------------- tokenizer and conversion
+# ---------------------------------------------------------------------- model type and tokenizer data
 def gguf_model_type(gguf_path: str | os.PathLike) -> str:
     """Our model type for a GGUF file (what its config.json would say), from its architecture."""
     _, md = read_gguf(gguf_path)
     return GGUF_ARCHITECTURES[gguf_architecture(md)].model_type
 
 
-def load_gguf_tokenizer_kwargs(gguf_path: str | os.PathLike) -> dict[str, Any]:
-    """The init kwargs of the tokenizer a GGUF file holds, as upstream's GGUF loading passes them to the tokenizer
-    class: `tokenizer_object` (the rebuilt `tokenizers.Tokenizer`), the named special tokens (None where the file
-    names none), add_bos_token / add_eos_token and the chat template."""
+def load_gguf_tokenizer_data(gguf_path: str | os.PathLike) -> dict[str, Any]:
+    """The file's tokenizer metadata (every `tokenizer.*` key) and its `general.architecture`, as plain values."""
     _, md = read_gguf(gguf_path)
-    tokenizer, config = gguf_tokenizer(md)
-    return {"tokenizer_object": tokenizer, **config}
-
-
-def load_gguf_tokenizer_files(gguf_path: str | os.PathLike) -> dict[str, str]:
-    """The tokenizer of a GGUF file as the files of an ordinary checkpoint, `{file name: JSON text}`:
-    tokenizer.json (a `tokenizers.Tokenizer`), tokenizer_config.json (the class AutoTokenizer picks for the file's
-    model type; the special tokens, null where the file names none, so the class's defaults stay unset as for the
-    GGUF; add_bos_token / add_eos_token; the chat template) and special_tokens_map.json (the named special tokens)."""
-    from .models.auto.tokenization_auto import tokenizer_class_for_model_type
-
-    _, md = read_gguf(gguf_path)
-    tokenizer, config = gguf_tokenizer(md)
-    specials = {name: config[name] for name in SPECIAL_TOKEN_IDS if config[name] is not None}
-    tokenizer_class = tokenizer_class_for_model_type(gguf_model_type(gguf_path)).__name__
-    config.update(tokenizer_class=tokenizer_class, clean_up_tokenization_spaces=False)
-    return {
-        TOKENIZER_FILE: tokenizer.to_str(pretty=True),
-        TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2, ensure_ascii=False, sort_keys=True) + "\n",
-        SPECIAL_TOKENS_MAP_FILE: json.dumps(specials, indent=2, ensure_ascii=False, sort_keys=True) + "\n",
-    }
-
-
-def save_gguf_tokenizer(gguf_path: str | os.PathLike, save_directory: str | os.PathLike) -> list[str]:
-    """Write `load_gguf_tokenizer_files` into `save_directory`; returns the paths written."""
-    files = load_gguf_tokenizer_files(gguf_path)
-    os.makedirs(save_directory, exist_ok=True)
-    paths = []
-    for name, text in files.items():
-        paths.append(os.path.join(save_directory, name))
-        with open(paths[-1], "w", encoding="utf-8") as f:
-            f.write(text)
-    return paths
+    tokenizer_fields = {key: value for key, value in md.fields.items() if key.startswith("tokenizer.")}
+    return {"general.architecture": md.architecture, **tokenizer_fields}

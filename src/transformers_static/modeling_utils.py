@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -166,7 +166,7 @@ class PreTrainedModel(nn.Module):
 
             tp = init_tensor_parallel(tp_plan, device_map)
             device = tp.device
-            load_tensor_parallel(model, path, tp)
+            load_tensor_parallel(model, safetensors_weight_files(path), tp)
         else:
             device = resolve_device_map(device_map)
             model.load_checkpoint_state_dict(_read_weights(path, gguf_file, target_dtype), device=device)
@@ -408,6 +408,23 @@ def load_state_dict(path: str) -> dict[str, torch.Tensor]:
     raise OSError(
         f"No weights found in {path!r}: expected {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, "
         f"{WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}"
+    )
+
+
+def safetensors_weight_files(path: str) -> dict[str, str]:
+    """{checkpoint key: safetensors file} of a checkpoint directory (sharded or not): what tensor parallelism reads
+    its slices from."""
+    index = os.path.join(path, SAFE_WEIGHTS_INDEX_NAME)
+    if os.path.isfile(index):
+        return {key: os.path.join(path, file) for key, file in read_weight_map(index).items()}
+    single = os.path.join(path, SAFE_WEIGHTS_NAME)
+    if os.path.isfile(single):
+        with safe_open(single, framework="pt") as reader:
+            return dict.fromkeys(reader.keys(), single)
+    raise OSError(
+        f"tensor-parallel loading reads each rank's slices from safetensors files, and {path!r} has neither "
+        f"{SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME} (a pickle cannot be read in slices: convert the "
+        "checkpoint with save_pretrained in one process first)"
     )
 
 

@@ -1,6 +1,6 @@
 """What every tokenizer shares, as upstream's `tokenization_utils_base`: `BatchEncoding`, the padding and truncation
-strategies, special-token attributes, `pad`, `decode`, `apply_chat_template`, and reading/writing the
-tokenizer_config.json / special_tokens_map.json / chat_template.jinja files."""
+strategies, special-token attributes, `pad`, `decode`, `apply_chat_template`, `from_pretrained` / `save_pretrained`
+(the files themselves are read and written by `tokenization_files`)."""
 
 from __future__ import annotations
 
@@ -9,27 +9,41 @@ import enum
 import json
 import logging
 import os
-import re
 from collections import UserDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 
-from .utils.chat_template_utils import render_chat
+from .tokenization_chat_template import ChatTemplateMixin
+from .tokenization_files import (
+    ADDED_TOKENS_FILE,
+    CHAT_TEMPLATE_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    _added_token_type,
+    _serialise_added_tokens,
+    load_tokenizer,
+)
+
+# Upstream's public names of this module (the file names live in tokenization_files).
+__all__ = [
+    "ADDED_TOKENS_FILE",
+    "CHAT_TEMPLATE_FILE",
+    "SPECIAL_TOKENS_MAP_FILE",
+    "TOKENIZER_CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "BatchEncoding",
+    "PaddingStrategy",
+    "PreTrainedTokenizerBase",
+    "TruncationStrategy",
+]
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
-ADDED_TOKENS_FILE = "added_tokens.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-CHAT_TEMPLATE_DIR = "additional_chat_templates"
 VERY_LARGE_INTEGER = int(1e30)  # model_max_length of a model with no length limit
 LARGE_INTEGER = int(1e20)
-UPSTREAM_VERSION = (5, 23, 0)
-TOKENIZERS_MISSING = "Tokenizers need the tokenizers library: pip install 'transformers-static[tokenizers]'"  # the transformers version whose files and behaviour this follows
 
 
 class PaddingStrategy(enum.Enum):
@@ -176,7 +190,7 @@ def to_py_obj(obj: Any) -> Any:
     return obj
 
 
-class PreTrainedTokenizerBase:
+class PreTrainedTokenizerBase(ChatTemplateMixin):
     """Special tokens, padding/truncation strategies, `pad`, `decode`, chat templates, saving. The backend
     (tokenizers library) is in `TokenizersBackend`."""
 
@@ -531,92 +545,6 @@ class PreTrainedTokenizerBase:
             text = text.replace(" " + suffix, suffix)
         return text
 
-    # ------------------------------------------------------------------ chat templates
-    def get_chat_template(self, chat_template: str | None = None, tools: list[dict] | None = None) -> str:
-        """The template to render: `chat_template` (a template or the name of one), else the tokenizer's."""
-        if isinstance(self.chat_template, dict):
-            templates = self.chat_template
-            if chat_template is not None and chat_template in templates:
-                return templates[chat_template]
-            if chat_template is None:
-                if tools is not None and "tool_use" in templates:
-                    return templates["tool_use"]
-                if "default" in templates:
-                    return templates["default"]
-                raise ValueError(
-                    "This model has multiple chat templates with no default specified! Please either pass a chat "
-                    "template or the name of the template you wish to use to the `chat_template` argument. Available "
-                    f"template names are {sorted(templates)}."
-                )
-        if chat_template is None:
-            if self.chat_template is None:
-                raise ValueError(
-                    "Cannot use chat template functions because tokenizer.chat_template is not set and no template "
-                    "argument was passed!"
-                )
-            return self.chat_template
-        return chat_template
-
-    def apply_chat_template(
-        self,
-        conversation: list[dict[str, Any]] | list[list[dict[str, Any]]],
-        tools: list[dict] | None = None,
-        documents: list[dict[str, str]] | None = None,
-        chat_template: str | None = None,
-        add_generation_prompt: bool = False,
-        continue_final_message: bool | str = False,
-        tokenize: bool = True,
-        padding: bool | str = False,
-        truncation: bool = False,
-        max_length: int | None = None,
-        return_tensors: str | None = None,
-        return_dict: bool = True,
-        tokenizer_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> str | list[str] | list[int] | list[list[int]] | torch.Tensor | BatchEncoding:
-        """Render one conversation (a list of {"role", "content"} dicts) or a batch of them with the chat template,
-        then tokenize without adding special tokens. Returns the text when `tokenize=False`, else a BatchEncoding
-        (`return_dict=True`, upstream 5's default) or the input ids. Extra kwargs reach the template."""
-        for name in ("return_assistant_tokens_mask", "sanitize_control_tokens"):
-            if kwargs.pop(name, False):
-                raise NotImplementedError(f"apply_chat_template({name}=True) is not supported by transformers_static")
-        template = self.get_chat_template(chat_template, tools)
-        if isinstance(conversation, (list, tuple)) and not conversation:
-            raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
-        batched = isinstance(conversation[0], (list, tuple)) or hasattr(conversation[0], "messages")
-        chats = [getattr(c, "messages", c) for c in conversation] if batched else [conversation]
-        if continue_final_message and add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt are not compatible")
-        if tools is not None and any(not isinstance(tool, dict) for tool in tools):
-            raise NotImplementedError("tools must be JSON-schema dicts here (callables are not converted)")
-        if documents is not None and any(not isinstance(doc, dict) for doc in documents):
-            raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
-        rendered = [
-            render_chat(
-                template,
-                [{k: v for k, v in message.items() if v is not None} for message in chat],
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tools=tools,
-                documents=documents,
-                **{**self.special_tokens_map, **kwargs},
-            )
-            for chat in chats
-        ]
-        text = rendered if batched else rendered[0]
-        if not tokenize:
-            return text
-        out = self(
-            text,
-            padding=padding,
-            truncation=truncation,
-            max_length=max_length,
-            add_special_tokens=False,
-            return_tensors=return_tensors,
-            **(tokenizer_kwargs or {}),
-        )
-        return out if return_dict else out["input_ids"]
-
     # ------------------------------------------------------------------ files
     @classmethod
     def from_pretrained(
@@ -666,234 +594,3 @@ class PreTrainedTokenizerBase:
         with open(config_file, "w", encoding="utf-8") as f:
             f.write(json.dumps(_serialise_added_tokens(config), indent=2, sort_keys=True, ensure_ascii=False) + "\n")
         return (config_file, *saved, self._save_backend(os.fspath(save_directory)))
-
-    def _save_chat_templates(self, save_directory: str, config: dict[str, Any]) -> list[str]:
-        """chat_template.jinja for the default template, additional_chat_templates/<name>.jinja for the others."""
-        config.pop("chat_template", None)
-        templates = {"default": self.chat_template} if isinstance(self.chat_template, str) else self.chat_template
-        saved = []
-        for name, template in (templates or {}).items():
-            if name == "default":
-                file = os.path.join(save_directory, CHAT_TEMPLATE_FILE)
-            else:
-                if not re.fullmatch(r"[\w.-]+", name) or name.startswith("."):
-                    raise ValueError(f"Invalid chat template name: {name!r}")
-                os.makedirs(os.path.join(save_directory, CHAT_TEMPLATE_DIR), exist_ok=True)
-                file = os.path.join(save_directory, CHAT_TEMPLATE_DIR, f"{name}.jinja")
-            with open(file, "w", encoding="utf-8") as f:
-                f.write(template)
-            saved.append(file)
-        return saved
-
-
-def _refuse_fix_mistral_regex(settings: dict[str, Any], where: str) -> None:
-    """Upstream's `fix_mistral_regex` (a kwarg, or a tokenizer_config.json key) patches the pre-tokenizer regex of
-    some Mistral tokenizers; not implemented here, so refused when set rather than ignored."""
-    if settings.get("fix_mistral_regex"):
-        raise NotImplementedError(
-            f"{where} sets fix_mistral_regex={settings['fix_mistral_regex']!r}: upstream's patch of Mistral's "
-            "pre-tokenizer regex is not supported by transformers-static"
-        )
-
-
-def load_tokenizer(
-    select_class: Callable[[str], type[PreTrainedTokenizerBase]],
-    pretrained_model_name_or_path: str | os.PathLike,
-    *,
-    caller: str,
-    revision: str | None = None,
-    local_files_only: bool = False,
-    cache_dir: str | os.PathLike | None = None,
-    token: str | bool | None = None,
-    gguf_file: str | None = None,
-    **kwargs: Any,
-) -> PreTrainedTokenizerBase:
-    """The tokenizer of a directory or a Hub id (the local Hugging Face cache first, see `resolve_pretrained_path`),
-    of the class `select_class(directory)` picks, built from its files, or from the metadata of its `gguf_file`
-    (the GGUF's backend, special tokens, add_bos_token / add_eos_token and chat template, as upstream builds them),
-    with `kwargs` on top. `trust_remote_code` is ignored with a warning; `subfolder`, `force_download`, `proxies`
-    and a set `fix_mistral_regex` are refused, naming `caller`."""
-    from .utils.hub import refuse_unsupported_hub_arguments, resolve_pretrained_path
-
-    refuse_unsupported_hub_arguments(caller, kwargs)
-    _refuse_fix_mistral_regex(kwargs, caller)
-    if kwargs.pop("trust_remote_code", None):
-        logger.warning("trust_remote_code=True is ignored: transformers_static runs no remote code")
-    name = os.fspath(pretrained_model_name_or_path)
-    path = resolve_pretrained_path(
-        name,
-        revision=revision,
-        local_files_only=local_files_only,
-        cache_dir=cache_dir,
-        token=token,
-        weights=False,
-        gguf_file=gguf_file,
-    )
-    tokenizer_class = select_class(path)
-    if gguf_file is not None:
-        from .modeling_gguf_pytorch_utils import load_gguf_tokenizer_kwargs
-
-        init_kwargs = {**load_gguf_tokenizer_kwargs(os.path.join(path, gguf_file)), **kwargs}
-    else:
-        init_kwargs = read_tokenizer_files(path, kwargs, tokenizer_class.SPECIAL_TOKENS_ATTRIBUTES)
-    init_kwargs.update(name_or_path=name, is_local=os.path.isdir(name), local_files_only=local_files_only)
-    return tokenizer_class(**init_kwargs)
-
-
-def _added_token_type() -> type:
-    try:
-        from tokenizers import AddedToken
-    except ImportError:
-        raise ImportError(TOKENIZERS_MISSING) from None
-    return AddedToken
-
-
-def _serialise_added_tokens(obj: Any) -> Any:
-    """AddedToken -> its dict with "__type": "AddedToken" (how upstream writes tokenizer_config.json), anywhere in
-    nested lists and dicts."""
-    if isinstance(obj, _added_token_type()):
-        return {**obj.__getstate__(), "__type": "AddedToken"}
-    return _map_children(obj, _serialise_added_tokens)
-
-
-def _deserialise_added_tokens(obj: Any) -> Any:
-    """The inverse of `_serialise_added_tokens`."""
-    if isinstance(obj, dict) and obj.get("__type") == "AddedToken":
-        return _added_token_type()(**{k: v for k, v in obj.items() if k != "__type"})
-    return _map_children(obj, _deserialise_added_tokens)
-
-
-def _map_children(obj: Any, convert: Any) -> Any:
-    if isinstance(obj, (list, tuple)):
-        return [convert(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: convert(v) for k, v in obj.items()}
-    return obj
-
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as err:
-        raise OSError(f"{path!r} is not valid JSON: {err}") from err
-
-
-def read_tokenizer_files(path: str, kwargs: dict[str, Any], named_tokens: list[str]) -> dict[str, Any]:
-    """The init kwargs of a tokenizer directory, as upstream's `_from_pretrained` builds them: tokenizer_config.json
-    (minus add_bos/eos_token, which tokenizer.json's post-processor decides), chat_template.jinja files, `kwargs` on
-    top, and the added tokens (from tokenizer_config.json, else special_tokens_map.json, added_tokens.json and
-    tokenizer.json's added_tokens)."""
-    if not os.path.isdir(path):
-        raise OSError(f"{path!r} is not a directory: expected a tokenizer dir with {TOKENIZER_FILE}")
-    config_file = os.path.join(path, TOKENIZER_CONFIG_FILE)
-    config = _read_json(config_file) if os.path.isfile(config_file) else {}
-    config.pop("tokenizer_class", None)
-    config.pop(
-        "init_inputs", None
-    )  # positional args of slow tokenizers (vocab file names); not used by tokenizer.json
-    tokenizer_file = os.path.join(path, _versioned_tokenizer_file(config.get("fast_tokenizer_files")))
-    if not os.path.isfile(tokenizer_file):
-        present = sorted(os.listdir(path))
-        raise OSError(
-            f"No {TOKENIZER_FILE} in {path!r} (found {present}): transformers_static reads tokenizers-library files "
-            "only (not vocab.json/merges.txt or a SentencePiece tokenizer.model alone)"
-        )
-    _refuse_fix_mistral_regex(config, config_file)
-    config.pop("add_bos_token", None)
-    config.pop("add_eos_token", None)
-    templates = _read_chat_templates(path)
-    if templates:
-        config["chat_template"] = templates["default"] if list(templates) == ["default"] else templates
-    config.update(kwargs)
-    if "additional_special_tokens" in config and not config.get("extra_special_tokens"):
-        config["extra_special_tokens"] = config.pop("additional_special_tokens")
-    added_token = _added_token_type()
-    model_specific = {
-        key: config.pop(key)
-        for key in list(config)
-        if key not in named_tokens and key.endswith("_token") and isinstance(config[key], (str, added_token))
-    }
-    if isinstance(config.get("extra_special_tokens"), dict):
-        model_specific.update(config.pop("extra_special_tokens"))
-    if model_specific:
-        config["model_specific_special_tokens"] = model_specific
-    if "added_tokens_decoder" in config:
-        decoder = {
-            int(i): t if isinstance(t, added_token) else added_token(**t)
-            for i, t in config["added_tokens_decoder"].items()
-        }
-    else:
-        decoder = _legacy_added_tokens(path, config, kwargs, tokenizer_file, named_tokens)
-    config["added_tokens_decoder"] = decoder
-    config = _deserialise_added_tokens(config)
-    by_content = {str(t): t for t in decoder.values()}
-    for key in named_tokens:
-        if config.get(key) is not None and by_content:
-            config[key] = by_content.get(str(config[key]), config[key])
-    config["tokenizer_file"] = tokenizer_file
-    return config
-
-
-def _versioned_tokenizer_file(files: list[str] | None) -> str:
-    """Upstream's `fast_tokenizer_files` choice: the newest `tokenizer.<version>.json` not newer than 5.23.0."""
-    best, best_version = TOKENIZER_FILE, (0,)
-    for name in files or []:
-        match = re.search(r"tokenizer\.(.*)\.json$", name)
-        if match:
-            version = tuple(int(p) for p in re.findall(r"\d+", match.group(1)))
-            if best_version < version <= UPSTREAM_VERSION:
-                best, best_version = name, version
-    return best
-
-
-def _read_chat_templates(path: str) -> dict[str, str]:
-    templates = {}
-    default = os.path.join(path, CHAT_TEMPLATE_FILE)
-    if os.path.isfile(default):
-        with open(default, encoding="utf-8") as f:
-            templates["default"] = f.read()
-    extra_dir = os.path.join(path, CHAT_TEMPLATE_DIR)
-    for name in sorted(os.listdir(extra_dir)) if os.path.isdir(extra_dir) else []:
-        if name.endswith(".jinja"):
-            with open(os.path.join(extra_dir, name), encoding="utf-8") as f:
-                templates[name.removesuffix(".jinja")] = f.read()
-    return templates
-
-
-def _legacy_added_tokens(
-    path: str, config: dict[str, Any], kwargs: dict[str, Any], tokenizer_file: str, named_tokens: list[str]
-) -> dict[int, Any]:
-    """Added tokens for a tokenizer_config.json without `added_tokens_decoder`: special_tokens_map.json is merged
-    into `config` (in place), then added_tokens.json and tokenizer.json's added_tokens are read."""
-    added_token = _added_token_type()
-    map_file = os.path.join(path, SPECIAL_TOKENS_MAP_FILE)
-    for key, value in (_read_json(map_file) if os.path.isfile(map_file) else {}).items():
-        if kwargs.get(key):
-            continue
-        if isinstance(value, dict) and key != "extra_special_tokens":
-            value = added_token(**{k: v for k, v in value.items() if k != "special"}, special=True)
-        elif key == "extra_special_tokens" and isinstance(value, list):
-            existing = list(config.get("extra_special_tokens") or [])
-            for token in value:
-                token = added_token(**token, special=True) if isinstance(token, dict) else token
-                if token not in existing:
-                    existing.append(token)
-            value = existing
-        config[key] = value
-    if isinstance(config.get("extra_special_tokens"), dict):
-        config.setdefault("model_specific_special_tokens", {}).update(config.pop("extra_special_tokens"))
-    decoder = {}
-    added_file = os.path.join(path, ADDED_TOKENS_FILE)
-    if os.path.isfile(added_file):
-        special = {str(config[k]) for k in named_tokens if config.get(k)}
-        special.update(str(t) for t in config.get("extra_special_tokens") or [])
-        for content, index in _read_json(added_file).items():
-            is_special = content in special
-            decoder[index] = added_token(
-                content, rstrip=False, lstrip=False, normalized=not is_special, special=is_special
-            )
-    for token in _read_json(tokenizer_file).get("added_tokens", []):
-        index = token["id"]
-        decoder[index] = added_token(**{k: v for k, v in token.items() if k != "id"})
-    return decoder

@@ -8,14 +8,14 @@ tokenizer.json as it is."""
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 from collections import defaultdict
 from typing import Any, ClassVar
 
+from .tokenization_backends import native_parts
+from .tokenization_files import TOKENIZERS_MISSING
 from .tokenization_utils_base import (
-    TOKENIZERS_MISSING,
     BatchEncoding,
     PaddingStrategy,
     PreTrainedTokenizerBase,
@@ -84,7 +84,7 @@ class TokenizersBackend(PreTrainedTokenizerBase):
             )
         if not own_pipeline:
             return Tokenizer.from_file(tokenizer_file)
-        kwargs.update(_native_parts(tokenizer_file))
+        kwargs.update(native_parts(tokenizer_file))
         return self.build_backend(kwargs)
 
     def build_backend(self, kwargs: dict[str, Any]) -> Any:
@@ -448,44 +448,5 @@ class TokenizersBackend(PreTrainedTokenizerBase):
         )
 
 
-def bpe_model(kwargs: dict[str, Any], **options: Any) -> Any:
-    """A BPE model over `kwargs["vocab"]` / `kwargs["merges"]` (popped), with the class's options."""
-    from tokenizers.models import BPE
-
-    return BPE(vocab=kwargs.pop("vocab") or {}, merges=kwargs.pop("merges", None) or [], dropout=None, **options)
-
-
-def byte_level_bpe(kwargs: dict[str, Any], **options: Any) -> Any:
-    """A `Tokenizer` with GPT-2's byte-level BPE model (no subword prefix or suffix, no unk fusing)."""
-    return Tokenizer(bpe_model(kwargs, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, **options))
-
-
 # Upstream 5 names the class TokenizersBackend and keeps PreTrainedTokenizerFast as the same class.
 PreTrainedTokenizerFast = TokenizersBackend
-
-
-def _native_parts(tokenizer_file: str) -> dict[str, Any]:
-    """What a model-specific class takes from tokenizer.json (upstream's `convert_to_native_format`): the vocab and
-    merges, and the post-processor, padding and truncation (read from a copy without the vocab, to be cheap)."""
-    with open(tokenizer_file, encoding="utf-8") as f:
-        tokenizer_json = json.load(f)
-    model = tokenizer_json.get("model", {})
-    if model.get("type") not in (None, "Unigram"):
-        minimal = {**tokenizer_json, "added_tokens": [], "model": {**model, "vocab": {}}}
-        if model["type"] == "BPE":
-            minimal["model"]["merges"] = []
-        parsed = Tokenizer.from_str(json.dumps(minimal))
-    else:
-        parsed = Tokenizer.from_file(tokenizer_file)
-    vocab = model.get("vocab")
-    if isinstance(vocab, list):  # every model-specific class here is BPE: a Unigram list becomes piece -> index
-        vocab = {token[0] if isinstance(token, list) else token: i for i, token in enumerate(vocab)}
-    parts = {
-        "post_processor": parsed.post_processor,
-        "tokenizer_padding": parsed.padding,
-        "tokenizer_truncation": parsed.truncation,
-        "vocab": vocab,
-    }
-    if "merges" in model:
-        parts["merges"] = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return parts

@@ -238,8 +238,9 @@ def convert_gguf_to_checkpoint(
     `dtype`, default the file's float type), generation_config.json, and the tokenizer files when the file holds a
     tokenizer. Atomic (see `atomic_directory`): an existing `out_dir` is never touched (FileExistsError, also when
     another process finished the same conversion first). Returns `out_dir`."""
-    from ..modeling_gguf_pytorch_utils import load_gguf_tokenizer_files, read_gguf
+    from ..modeling_gguf_pytorch_utils import read_gguf
     from ..models.auto import AutoModelForCausalLM
+    from ..models.auto.tokenization_auto import load_gguf_tokenizer_files
 
     gguf_path, out_dir = os.path.abspath(gguf_path), os.path.abspath(out_dir)
     if os.path.exists(out_dir):

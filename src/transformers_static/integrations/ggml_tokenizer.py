@@ -2,23 +2,24 @@
 `tokenizers.Tokenizer` (what tokenizer.json holds), the special tokens and the chat template.
 
 A GGUF stores the vocabulary, merges (or scores), token types and special token ids under `tokenizer.ggml.*`:
-`model` "gpt2" is a byte-level BPE (built by GPT2Tokenizer), "llama" a SentencePiece BPE (LlamaTokenizer;
-GemmaTokenizer for Gemma files). What is GGUF-specific stays here: respelling, merges from scores, split regexes.
+`model` "gpt2" is a byte-level BPE (GPT-2's pipeline), "llama" a SentencePiece BPE (Llama's; Gemma's for Gemma
+files), the pipelines of `tokenization_backends`. What is GGUF-specific stays here: respelling, merges from scores,
+split regexes. It reads plain metadata (from `modeling_gguf_pytorch_utils`) and imports no tokenizer class: the
+class is chosen by the tokenizer loaders (`AutoTokenizer` by the file's model type, or the class called).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..models.gemma.tokenization_gemma import GemmaTokenizer
-from ..models.gpt2.tokenization_gpt2 import GPT2Tokenizer
-from ..models.llama.tokenization_llama import LlamaTokenizer
-from ..models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_SPLIT
-from ..tokenization_utils_tokenizers import TokenizersBackend
-
-if TYPE_CHECKING:
-    from .ggml import GGUFMetadata
+from ..tokenization_backends import (
+    QWEN2_PRETOKENIZE_REGEX,
+    gemma_backend,
+    gpt2_backend,
+    llama_backend,
+    split_then_byte_level,
+)
 
 # `tokenizer.ggml.token_type` values (llama.cpp's): control tokens are special, user-defined ones are added.
 CONTROL, USER_DEFINED = 3, 4
@@ -47,7 +48,7 @@ PRE_TOKENIZER_SPLITS = {
     ),
     **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3_SPLIT),
     "tekken": _TEKKEN_SPLIT,
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), QWEN2_SPLIT),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), QWEN2_PRETOKENIZE_REGEX),
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O_SPLIT),
 }
 
@@ -99,42 +100,44 @@ def _scores(fields: dict[str, Any], tokens: list[str]) -> dict[str, float]:
     return {} if scores is None else dict(zip(tokens, scores, strict=True))
 
 
-def _byte_level(fields: dict[str, Any], tokens: list[str]) -> TokenizersBackend:
-    """GPT2Tokenizer over the file's byte-level BPE; tokens not spelled in the byte alphabet are respelled through it,
+def _byte_level(fields: dict[str, Any], tokens: list[str]) -> Any:
+    """GPT-2's pipeline over the file's byte-level BPE; tokens not spelled in the byte alphabet are respelled through it,
     and text is split with the regex of the file's llama.cpp pre-tokenizer (if it names one)."""
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     respelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
     vocab = {token: index for index, token in enumerate(respelled)}
-    tokenizer = GPT2Tokenizer(vocab=vocab, merges=_merges(fields, vocab, {}))
+    backend = gpt2_backend({"vocab": vocab, "merges": _merges(fields, vocab, {}), "add_prefix_space": False})
     split = PRE_TOKENIZER_SPLITS.get(fields.get("tokenizer.ggml.pre"))
     if split is not None:
-        tk = _tokenizers()
-        tokenizer.backend_tokenizer.pre_tokenizer = tk.pre_tokenizers.Sequence(
-            [
-                tk.pre_tokenizers.Split(tk.Regex(split), behavior="isolated"),
-                tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    return tokenizer
+        backend.pre_tokenizer = split_then_byte_level(split)
+    return backend
 
 
-def _sentencepiece(fields: dict[str, Any], tokens: list[str]) -> TokenizersBackend:
-    """LlamaTokenizer over the file's SentencePiece vocabulary (merges from the file, else from its scores)."""
+def _sentencepiece(fields: dict[str, Any], tokens: list[str]) -> Any:
+    """Llama's pipeline over the file's SentencePiece vocabulary (merges from the file, else from its scores)."""
     vocab = {token: index for index, token in enumerate(tokens)}
-    return LlamaTokenizer(vocab=vocab, merges=_merges(fields, vocab, _scores(fields, tokens)))
+    merges = _merges(fields, vocab, _scores(fields, tokens))
+    return llama_backend({"vocab": vocab, "merges": merges}, add_prefix_space=True, legacy=False)
 
 
-def _gemma(fields: dict[str, Any], tokens: list[str]) -> TokenizersBackend:
-    """GemmaTokenizer over the file's vocabulary: whitespace-only tokens are stored as real spaces (so respelled
+def _gemma(fields: dict[str, Any], tokens: list[str]) -> Any:
+    """Gemma's pipeline over the file's vocabulary: whitespace-only tokens are stored as real spaces (so respelled
     with "▁"), and merges follow the order of the tokens in the file (Gemma's scores do not)."""
     respelled = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {token: index for index, token in enumerate(respelled)}
     merges = _merges(fields, vocab, {token: -index for index, token in enumerate(respelled)})
-    return GemmaTokenizer(vocab=vocab, merges=merges)
+    return gemma_backend({"vocab": vocab, "merges": merges}, unk_token="<unk>")
 
 
 _BUILDERS = {"byte_level": _byte_level, "sentencepiece": _sentencepiece, "gemma": _gemma}
+# The special tokens (bos, eos, unk, pad, mask order) upstream's tokenizer class of each kind adds to the backend
+# it builds (GPT2Tokenizer, LlamaTokenizer, GemmaTokenizer defaults), before the file's own tokens.
+_CLASS_SPECIALS = {
+    "byte_level": ("<|endoftext|>",),
+    "sentencepiece": ("<s>", "</s>", "<unk>"),
+    "gemma": ("<bos>", "<eos>", "<unk>", "<pad>", "<mask>"),
+}
 
 
 def _kind(fields: dict[str, Any]) -> str:
@@ -149,28 +152,30 @@ def _kind(fields: dict[str, Any]) -> str:
     )
 
 
-def special_tokens(md: GGUFMetadata) -> dict[str, str | None]:
+def special_tokens(fields: dict[str, Any]) -> dict[str, str | None]:
     """`{"bos_token": "<s>", ...}` from the file's special token ids (None where it names none)."""
-    tokens = md.fields["tokenizer.ggml.tokens"]
-    ids = {name: md.token_id(key) for name, key in SPECIAL_TOKEN_IDS.items()}
+    tokens = fields["tokenizer.ggml.tokens"]
+    ids = {name: fields.get(f"tokenizer.ggml.{key}_token_id") for name, key in SPECIAL_TOKEN_IDS.items()}
     return {name: None if index is None else tokens[index] for name, index in ids.items()}
 
 
-def gguf_tokenizer(md: GGUFMetadata) -> tuple[Any, dict[str, Any]]:
-    """`(tokenizers.Tokenizer, tokenizer_config)` from a GGUF file's metadata, built as upstream builds it: the
-    tokenizer class of the vocabulary (GPT2Tokenizer, LlamaTokenizer, GemmaTokenizer) over the file's tokens and
-    merges; the file's control tokens added as special tokens, its user-defined ones as plain added tokens; then the
-    named special tokens and a post-processor adding BOS / EOS as `tokenizer.ggml.add_bos_token` / `add_eos_token`
-    say (BOS by default for SentencePiece, as llama.cpp does). The config holds the named special tokens (None
-    where the file names none), those two flags and the chat template.
+def gguf_tokenizer_kwargs(fields: dict[str, Any]) -> dict[str, Any]:
+    """The init kwargs of a tokenizer class for a GGUF file, from its `tokenizer.*` and `general.architecture`
+    metadata (`modeling_gguf_pytorch_utils.load_gguf_tokenizer_data`), as upstream's GGUF loading builds them:
+    `tokenizer_object`, the pipeline of the vocabulary's kind (byte-level BPE, SentencePiece-style or Gemma's) over
+    the file's tokens and merges with its class's default special tokens, then the file's control tokens added as
+    special tokens and its user-defined ones as plain added tokens; the named special tokens (None where the file
+    names none); add_bos_token / add_eos_token as `tokenizer.ggml.add_bos_token` / `add_eos_token` say (BOS by
+    default for SentencePiece, as llama.cpp does); and the chat template. The tokenizer class that takes them
+    builds the post-processor.
     """
-    fields = md.fields
     if "tokenizer.ggml.tokens" not in fields:
         raise ValueError("The GGUF file has no tokenizer.ggml.tokens: it holds no tokenizer")
     tk = _tokenizers()
     kind = _kind(fields)
     tokens = fields["tokenizer.ggml.tokens"]
-    backend = _BUILDERS[kind](fields, tokens).backend_tokenizer
+    backend = _BUILDERS[kind](fields, tokens)
+    backend.add_tokens([tk.AddedToken(t, special=True) for t in _CLASS_SPECIALS[kind]])
     types = fields.get("tokenizer.ggml.token_type") or [0] * len(tokens)
     spelled = set(bytes_to_unicode().values()) if kind == "byte_level" else None
     control = [
@@ -182,13 +187,12 @@ def gguf_tokenizer(md: GGUFMetadata) -> tuple[Any, dict[str, Any]]:
     vocab = backend.get_vocab()
     user_defined = [t for t, kind_ in zip(tokens, types, strict=True) if kind_ == USER_DEFINED and t in vocab]
     backend.add_tokens([tk.AddedToken(t, special=False, normalized=False) for t in user_defined])
-    config = {
-        **special_tokens(md),
+    kwargs = {
+        "tokenizer_object": backend,
+        **special_tokens(fields),
         "add_bos_token": bool(fields.get("tokenizer.ggml.add_bos_token", kind != "byte_level")),
         "add_eos_token": bool(fields.get("tokenizer.ggml.add_eos_token", False)),
     }
     if "tokenizer.chat_template" in fields:
-        config["chat_template"] = fields["tokenizer.chat_template"]
-    tokenizer = TokenizersBackend(tokenizer_object=backend, **config)
-    config.update(add_bos_token=tokenizer.add_bos_token, add_eos_token=tokenizer.add_eos_token)
-    return tokenizer.backend_tokenizer, config
+        kwargs["chat_template"] = fields["tokenizer.chat_template"]
+    return kwargs

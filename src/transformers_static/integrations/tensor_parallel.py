@@ -27,7 +27,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,9 @@ from torch import nn
 
 from ..cache_utils import attention_shape
 from ..configuration_utils import PretrainedConfig
-from ..modeling_utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, PreTrainedModel, read_weight_map
+
+if TYPE_CHECKING:
+    from ..modeling_utils import PreTrainedModel
 
 Spans = tuple[tuple[int, int], ...]  # (start, stop) ranges of one dimension, concatenated in order
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -257,9 +259,9 @@ def _width(spans: Spans) -> int:
 
 
 # ---------------------------------------------------------------------- loading
-def load_tensor_parallel(model: PreTrainedModel, path: str, tp: TensorParallel) -> None:
-    """Split `model` (built on the meta device) by its plan, fill it with this rank's slices of the checkpoint at
-    `path`, and install the collectives. The model's config then knows this rank (`tp_heads`), so StaticCache
+def load_tensor_parallel(model: PreTrainedModel, weight_files: dict[str, str], tp: TensorParallel) -> None:
+    """Split `model` (built on the meta device) by its plan, fill it with this rank's slices of the checkpoint's
+    safetensors files (`weight_files`: {checkpoint key: file}, from the loader), and install the collectives. The model's config then knows this rank (`tp_heads`), so StaticCache
     holds this rank's key/value heads."""
     layers = planned_modules(model)
     check_shardable(model.config, tp.world_size)
@@ -268,7 +270,7 @@ def load_tensor_parallel(model: PreTrainedModel, path: str, tp: TensorParallel) 
     shards = {}
     for name, (module, _) in layers.items():
         shards.update(_shard_module(name, module, splits[name], tied=_tied_source(model, name) is not None))
-    model.load_checkpoint_state_dict(_read_shards(model, path, shards), device=tp.device)
+    model.load_checkpoint_state_dict(_read_shards(model, weight_files, shards), device=tp.device)
     for name, (module, style) in layers.items():
         if style == "rowwise":
             _install_rowwise(module, tp)
@@ -321,10 +323,10 @@ def _shard_module(name: str, module: nn.Module, split: Split, tied: bool) -> dic
     return {f"{name}.{param_name}": shard for param_name, shard in shards.items()}
 
 
-def _read_shards(model: PreTrainedModel, path: str, shards: dict[str, Shard]) -> dict[str, torch.Tensor]:
-    """This rank's checkpoint tensors: slices of the split weights, replicated weights whole, and unexpected keys as
-    meta placeholders of their shape (named by the loader's warning, never read). Tied copies are skipped."""
-    files = _checkpoint_files(path)  # {checkpoint key: file}
+def _read_shards(model: PreTrainedModel, files: dict[str, str], shards: dict[str, Shard]) -> dict[str, torch.Tensor]:
+    """This rank's checkpoint tensors (`files`: {checkpoint key: safetensors file}): slices of the split weights,
+    replicated weights whole, and unexpected keys as meta placeholders of their shape (named by the loader's
+    warning, never read). Tied copies are skipped."""
     names = model._match_prefix({key: key for key in files})  # {model key: checkpoint key}
     expected = model.state_dict().keys()
     tied = set(model._tied_weights_keys) if model.config.tie_word_embeddings else set()
@@ -342,22 +344,6 @@ def _read_shards(model: PreTrainedModel, path: str, shards: dict[str, Shard]) ->
                 else:
                     state[key] = torch.empty(view.get_shape(), device="meta")
     return state
-
-
-def _checkpoint_files(path: str) -> dict[str, str]:
-    """{checkpoint key: safetensors file} of a checkpoint directory (sharded or not)."""
-    index = os.path.join(path, SAFE_WEIGHTS_INDEX_NAME)
-    if os.path.isfile(index):
-        return {key: os.path.join(path, file) for key, file in read_weight_map(index).items()}
-    single = os.path.join(path, SAFE_WEIGHTS_NAME)
-    if os.path.isfile(single):
-        with safe_open(single, framework="pt") as reader:
-            return dict.fromkeys(reader.keys(), single)
-    raise OSError(
-        f"tensor-parallel loading reads each rank's slices from safetensors files, and {path!r} has neither "
-        f"{SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME} (a pickle cannot be read in slices: convert the "
-        "checkpoint with save_pretrained in one process first)"
-    )
 
 
 def _read_slices(view: Any, shard: Shard) -> torch.Tensor:

@@ -4,27 +4,42 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from typing import Any
 
 from ...configuration_utils import load_config_dict
-from ...tokenization_utils_base import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, _read_json, load_tokenizer
+from ...integrations.ggml_tokenizer import SPECIAL_TOKEN_IDS, gguf_tokenizer_kwargs
+from ...modeling_gguf_pytorch_utils import gguf_model_type, load_gguf_tokenizer_data
+from ...tokenization_files import (
+    SPECIAL_TOKENS_MAP_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    _read_json,
+    load_tokenizer,
+)
 from ...tokenization_utils_tokenizers import TokenizersBackend
 
 # model_type -> upstream's registered tokenizer class (model types absent here have none).
 TOKENIZER_MAPPING_NAMES = {
     "gemma": "GemmaTokenizer",
     "gemma2": "GemmaTokenizer",
+    "gemma3_text": "GemmaTokenizer",
     "gpt2": "GPT2Tokenizer",
     "gpt_neox": "GPTNeoXTokenizer",
     "gptj": "GPT2Tokenizer",
+    "granite": "TokenizersBackend",
     "mistral": "TokenizersBackend",
+    "olmo2": "TokenizersBackend",
     "opt": "GPT2Tokenizer",
     "phi": "GPT2Tokenizer",
+    "phi3": "TokenizersBackend",
     "qwen2": "Qwen2Tokenizer",
+    "qwen3": "Qwen2Tokenizer",
+    "starcoder2": "GPT2Tokenizer",
 }
 # Model types whose Hub tokenizer_class upstream overrides with the registered class.
-MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {"qwen2"}
+MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {"phi3", "qwen2"}
 BACKEND_NAMES = {"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer", "BloomTokenizer"}
 # Class name -> module of its implementation here.
 TOKENIZER_CLASSES = {
@@ -79,8 +94,6 @@ class AutoTokenizer:
         def select(path: str) -> type[TokenizersBackend]:
             if gguf_file is None:
                 return select_tokenizer_class(path, config)
-            from ...modeling_gguf_pytorch_utils import gguf_model_type
-
             return select_tokenizer_class(path, {"model_type": gguf_model_type(os.path.join(path, gguf_file))})
 
         return load_tokenizer(select, pretrained_model_name_or_path, caller="AutoTokenizer.from_pretrained", **kwargs)
@@ -141,3 +154,36 @@ def _model_config(path: str, config: Any) -> dict[str, Any]:
         return load_config_dict(path)
     except OSError:
         return {}
+
+
+# ---------------------------------------------------------------------- a GGUF's tokenizer as files
+def load_gguf_tokenizer_files(gguf_path: str | os.PathLike) -> dict[str, str]:
+    """The tokenizer of a GGUF file as the files of an ordinary checkpoint, `{file name: JSON text}`:
+    tokenizer.json (the rebuilt `tokenizers.Tokenizer` with its post-processor), tokenizer_config.json (the class
+    AutoTokenizer picks for the file's model type; the special tokens, null where the file names none, so the
+    class's defaults stay unset as for the GGUF; add_bos_token / add_eos_token; the chat template) and
+    special_tokens_map.json (the named special tokens)."""
+    kwargs = gguf_tokenizer_kwargs(load_gguf_tokenizer_data(gguf_path))
+    tokenizer = TokenizersBackend(**kwargs)
+    config = {key: value for key, value in kwargs.items() if key != "tokenizer_object"}
+    config.update(add_bos_token=tokenizer.add_bos_token, add_eos_token=tokenizer.add_eos_token)
+    specials = {name: config[name] for name in SPECIAL_TOKEN_IDS if config[name] is not None}
+    tokenizer_class = tokenizer_class_for_model_type(gguf_model_type(gguf_path)).__name__
+    config.update(tokenizer_class=tokenizer_class, clean_up_tokenization_spaces=False)
+    return {
+        TOKENIZER_FILE: tokenizer.backend_tokenizer.to_str(pretty=True),
+        TOKENIZER_CONFIG_FILE: json.dumps(config, indent=2, ensure_ascii=False, sort_keys=True) + "\n",
+        SPECIAL_TOKENS_MAP_FILE: json.dumps(specials, indent=2, ensure_ascii=False, sort_keys=True) + "\n",
+    }
+
+
+def save_gguf_tokenizer(gguf_path: str | os.PathLike, save_directory: str | os.PathLike) -> list[str]:
+    """Write `load_gguf_tokenizer_files` into `save_directory`; returns the paths written."""
+    files = load_gguf_tokenizer_files(gguf_path)
+    os.makedirs(save_directory, exist_ok=True)
+    paths = []
+    for name, text in files.items():
+        paths.append(os.path.join(save_directory, name))
+        with open(paths[-1], "w", encoding="utf-8") as f:
+            f.write(text)
+    return paths

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tokenization_utils_tokenizers import TokenizersBackend, byte_level_bpe
+from ...tokenization_backends import gpt2_backend
+from ...tokenization_utils_tokenizers import TokenizersBackend
 
 
 class GPT2Tokenizer(TokenizersBackend):
@@ -19,9 +20,4 @@ class GPT2Tokenizer(TokenizersBackend):
     }
 
     def build_backend(self, kwargs: dict[str, Any]) -> Any:
-        from tokenizers import decoders, pre_tokenizers
-
-        backend = byte_level_bpe(kwargs)
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=kwargs["add_prefix_space"])
-        backend.decoder = decoders.ByteLevel()
-        return backend
+        return gpt2_backend(kwargs)

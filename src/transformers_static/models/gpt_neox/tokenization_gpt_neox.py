@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tokenization_utils_tokenizers import TokenizersBackend, byte_level_bpe
+from ...tokenization_backends import byte_level_bpe
+from ...tokenization_utils_tokenizers import TokenizersBackend
 
 
 class GPTNeoXTokenizer(TokenizersBackend):

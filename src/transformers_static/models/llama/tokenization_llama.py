@@ -8,15 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tokenization_utils_tokenizers import TokenizersBackend, bpe_model
-
-
-def metaspace_decoder(strip_prefix: bool) -> Any:
-    """ "▁" back to spaces, byte pieces back to UTF-8; optionally the prepended space removed."""
-    from tokenizers import decoders
-
-    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    return decoders.Sequence(steps + [decoders.Strip(content=" ", left=1)] * strip_prefix)
+from ...tokenization_backends import llama_backend
+from ...tokenization_utils_tokenizers import TokenizersBackend
 
 
 class LlamaTokenizer(TokenizersBackend):
@@ -31,14 +24,8 @@ class LlamaTokenizer(TokenizersBackend):
     }
 
     def build_backend(self, kwargs: dict[str, Any]) -> Any:
-        from tokenizers import Tokenizer, pre_tokenizers
-
         add_prefix_space = True if kwargs["add_prefix_space"] is None else kwargs["add_prefix_space"]
         legacy = kwargs.pop("legacy", False)
         if kwargs["vocab"] is None:
             kwargs["vocab"] = {str(kwargs[name]): i for i, name in enumerate(("unk_token", "bos_token", "eos_token"))}
-        backend = Tokenizer(bpe_model(kwargs, fuse_unk=True, byte_fallback=True))
-        scheme = ("always" if legacy else "first") if add_prefix_space else "never"
-        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
-        backend.decoder = metaspace_decoder(strip_prefix=bool(add_prefix_space))
-        return backend
+        return llama_backend(kwargs, add_prefix_space=bool(add_prefix_space), legacy=legacy)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tokenization_utils_tokenizers import AddedToken, TokenizersBackend, byte_level_bpe
-
-PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+from ...tokenization_backends import QWEN2_PRETOKENIZE_REGEX as PRETOKENIZE_REGEX
+from ...tokenization_backends import byte_level_bpe, split_then_byte_level
+from ...tokenization_utils_tokenizers import AddedToken, TokenizersBackend
 
 
 class Qwen2Tokenizer(TokenizersBackend):
@@ -19,19 +19,14 @@ class Qwen2Tokenizer(TokenizersBackend):
     }
 
     def build_backend(self, kwargs: dict[str, Any]) -> Any:
-        from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+        from tokenizers import decoders, normalizers
 
         if kwargs["vocab"] is None:
             kwargs["vocab"] = {"<|endoftext|>": 0}
         backend = byte_level_bpe(kwargs, unk_token=None, byte_fallback=False)
         backend.decoder = decoders.ByteLevel()
         backend.normalizer = normalizers.NFC()
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=bool(kwargs["add_prefix_space"]), use_regex=False),
-            ]
-        )
+        backend.pre_tokenizer = split_then_byte_level(PRETOKENIZE_REGEX, bool(kwargs["add_prefix_space"]))
         return backend
 
     def _finish_init(self) -> None:
