@@ -176,7 +176,7 @@ class GGUFTokenizerTest(unittest.TestCase):
 
     @parameterized.expand(sorted(CASES))
     def test_tokenizer_equals_upstream_gguf_tokenizer(self, case: str) -> None:
-        path = self.write(case)
+        self.write(case)
         ours = AutoTokenizer.from_pretrained(self.tmp, gguf_file="tok.gguf")
         upstream = transformers.AutoTokenizer.from_pretrained(self.tmp, gguf_file="tok.gguf")
         assert_same_tokenizer_json(self, ours.backend_tokenizer, upstream.backend_tokenizer)
