@@ -65,7 +65,8 @@ def test_unsupported_rope_type_is_refused() -> None:
 def test_unknown_model_type_lists_supported(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(
-        ValueError, match="Unknown model_type .bert.; supported model types: bloom, falcon, gemma, .*llama, mistral"
+        ValueError,
+        match="Unknown model_type .bert.; supported model types: bloom, cohere2, falcon, gemma, .*llama, mistral",
     ):
         AutoModelForCausalLM.from_pretrained(tmp_path)
 

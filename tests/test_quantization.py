@@ -93,6 +93,31 @@ ARCHITECTURES = {
         transformers.Qwen2ForCausalLM,
         transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
     ),
+    "qwen3": (
+        transformers.Qwen3ForCausalLM,
+        transformers.Qwen3Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, **LAYERS),
+    ),
+    "gemma3_text": (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig(sliding_window=4, **GEMMA)),
+    "smollm3": (
+        transformers.SmolLM3ForCausalLM,
+        transformers.SmolLM3Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "starcoder2": (
+        transformers.Starcoder2ForCausalLM,
+        transformers.Starcoder2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "olmo2": (
+        transformers.Olmo2ForCausalLM,
+        transformers.Olmo2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "granite": (
+        transformers.GraniteForCausalLM,
+        transformers.GraniteConfig(hidden_size=32, intermediate_size=64, logits_scaling=4.0, **LAYERS),
+    ),
+    "cohere2": (
+        transformers.Cohere2ForCausalLM,
+        transformers.Cohere2Config(hidden_size=32, intermediate_size=64, sliding_window=4, logit_scale=0.5, **LAYERS),
+    ),
 }
 # Layers that stay in the model dtype on purpose (quantization/__init__.py): Gemma2's soft-capped head.
 KEPT_FLOAT = {"gemma2": {"lm_head"}}

@@ -14,7 +14,7 @@ from .generation.streamers import AsyncTextIteratorStreamer, BaseStreamer, TextI
 from .modeling_attn_mask_utils import AttentionMaskConverter
 from .modeling_utils import PreTrainedModel
 from .models.auto import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-from .models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+from .models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_module_name
 from .models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 from .models.auto.tokenization_auto import TOKENIZER_CLASSES
 from .pipelines import TextGenerationPipeline, pipeline
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 # Public architecture class -> the module defining it, relative to this package.
 _ARCHITECTURE_CLASSES = {
-    name: f".models.{model_type}.{kind}_{model_type}"
+    name: f".models.{model_module_name(model_type)}.{kind}_{model_module_name(model_type)}"
     for kind, mapping in (
         ("configuration", CONFIG_MAPPING_NAMES),
         ("modeling", MODEL_MAPPING_NAMES),

@@ -1,4 +1,9 @@
-"""Rotary position embedding parameters: config standardisation and inverse frequencies."""
+"""Rotary position embedding parameters: config standardisation and inverse frequencies.
+
+`standardize_rope_parameters` / `compute_inv_freq` serve the single-table types (default, linear, llama3). LongRoPE
+(`rope_type="longrope"`) has two tables, chosen per forward by the sequence's length, and a cos/sin scale: its
+fields are standardised and checked by `standardize_longrope_parameters` / `validate_longrope_parameters`, and
+`longrope_inv_freqs` computes both tables and the scale (a model that supports it asks for it by name)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 import torch
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+LONGROPE_REQUIRED_KEYS = ("rope_type", "short_factor", "long_factor", "original_max_position_embeddings")
 
 
 def standardize_rope_parameters(
@@ -32,9 +38,11 @@ def standardize_rope_parameters(
 
 def compute_inv_freq(rope_parameters: dict[str, Any], dim: int) -> torch.Tensor:
     """Inverse frequencies `[dim // 2]` (float32) for a rotary dimension `dim`."""
+    rope_type = rope_parameters["rope_type"]
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"compute_inv_freq takes a rope_type of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}")
     base = float(rope_parameters["rope_theta"])
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    rope_type = rope_parameters["rope_type"]
     if rope_type == "linear":
         inv_freq = inv_freq / float(rope_parameters["factor"])
     elif rope_type == "llama3":
@@ -57,3 +65,71 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Te
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(is_medium, blended, scaled)
+
+
+def standardize_longrope_parameters(
+    rope_parameters: dict[str, Any],
+    original_max_position_embeddings: int | None,
+    max_position_embeddings: int,
+) -> dict[str, Any]:
+    """Upstream's placement of the pretraining length for a longrope dict: a config field
+    `original_max_position_embeddings` (Phi-3 keeps one at the top level) overrides the dict's own value; without
+    such a field the dict's value stays, defaulting to `max_position_embeddings`."""
+    params = dict(rope_parameters)
+    if original_max_position_embeddings is not None:
+        params["original_max_position_embeddings"] = original_max_position_embeddings
+    else:
+        params.setdefault("original_max_position_embeddings", max_position_embeddings)
+    return params
+
+
+def validate_longrope_parameters(rope_parameters: dict[str, Any], rotary_dim: int) -> None:
+    """Upstream's checks of the longrope fields: a longrope dict has its required keys (else a KeyError, as
+    upstream raises), and `short_factor` / `long_factor`, wherever given, are lists of numbers, one per rotated
+    pair of dims (`rotary_dim // 2`) (else a ValueError)."""
+    if rope_parameters["rope_type"] == "longrope":
+        missing = {key for key in LONGROPE_REQUIRED_KEYS if key not in rope_parameters}
+        if missing:
+            raise KeyError(f"Missing required keys in `rope_parameters` for 'rope_type'='longrope': {missing}")
+    for name in ("short_factor", "long_factor"):
+        factors = rope_parameters.get(name)
+        if factors is None:
+            continue
+        if not (isinstance(factors, list) and all(isinstance(x, (int, float)) for x in factors)):
+            raise ValueError(f"`rope_parameters`'s {name} field must be a list of numbers, got {factors}")
+        if len(factors) != rotary_dim // 2:
+            raise ValueError(
+                f"`rope_parameters`'s {name} field must have length {rotary_dim // 2}, got {len(factors)}"
+            )
+
+
+def longrope_attention_factor(rope_parameters: dict[str, Any], max_position_embeddings: int) -> float:
+    """The scale LongRoPE puts on cos and sin: `attention_factor` when given, else `sqrt(1 + ln(factor) /
+    ln(original_max_position_embeddings))` for a `factor` above 1 (1 otherwise), `factor` defaulting to
+    `max_position_embeddings / original_max_position_embeddings` (Phi-3 states no factor)."""
+    attention_factor = rope_parameters.get("attention_factor")
+    if attention_factor is not None:
+        return float(attention_factor)
+    original = rope_parameters["original_max_position_embeddings"]
+    factor = rope_parameters.get("factor")
+    if factor is None:
+        factor = max_position_embeddings / original
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def longrope_inv_freqs(
+    rope_parameters: dict[str, Any], rotary_dim: int, max_position_embeddings: int
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """LongRoPE's inverse frequencies `[rotary_dim // 2]` (float32): the default ones divided by `short_factor`
+    (sequences within `original_max_position_embeddings` positions) and by `long_factor` (longer ones), and the
+    cos/sin scale (`longrope_attention_factor`)."""
+    validate_longrope_parameters(rope_parameters, rotary_dim)
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim  # [rotary_dim // 2]
+    theta_powers = float(rope_parameters["rope_theta"]) ** exponents
+    short, long = (
+        1.0 / (torch.tensor(rope_parameters[name], dtype=torch.float32) * theta_powers)
+        for name in ("short_factor", "long_factor")
+    )
+    return short, long, longrope_attention_factor(rope_parameters, max_position_embeddings)

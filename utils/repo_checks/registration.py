@@ -1,5 +1,6 @@
 """Rules `registration` and `tests`: every models/<arch>/ is a key of CONFIG_MAPPING_NAMES and
-MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and has tests/models/<arch>/test_modeling_<arch>.py defining a class derived
+MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (under its model_type where MODEL_TYPE_TO_MODULE_NAME names the package
+otherwise, e.g. gemma3 -> "gemma3_text") and has tests/models/<arch>/test_modeling_<arch>.py defining a class derived
 (directly or through a class of that file) from CausalLMParityTests, the upstream parity suite."""
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ MAPPINGS = (
     ("modeling_auto.py", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
 )
 PARITY_BASE = "CausalLMParityTests"
+
+
+def mapping_literal(mod: Module, name: str) -> tuple[int, dict[str, str]] | None:
+    """(line, {key: value}) of a module-level `NAME = {...}` dict literal of strings."""
+    for node in mod.tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if isinstance(node.value, ast.Dict):
+                pairs = zip(node.value.keys, node.value.values, strict=True)
+                return node.lineno, {k.value: v.value for k, v in pairs if isinstance(k, ast.Constant)}
+    return None
 
 
 def mapping_keys(mod: Module, name: str) -> tuple[int, set[str]] | None:
@@ -40,6 +51,9 @@ def architectures(root: Path) -> list[str]:
 
 
 def check_registration(root: Path, loader: Loader, archs: list[str]) -> Iterator[Problem]:
+    config_auto = loader.load(root / f"src/{PKG}/models/auto/configuration_auto.py")
+    packages = mapping_literal(config_auto, "MODEL_TYPE_TO_MODULE_NAME") if config_auto else None
+    model_type = {package: model_type for model_type, package in (packages[1] if packages else {}).items()}
     for filename, mapping in MAPPINGS:
         rel = f"src/{PKG}/models/auto/{filename}"
         mod = loader.load(root / rel)
@@ -49,8 +63,8 @@ def check_registration(root: Path, loader: Loader, archs: list[str]) -> Iterator
             yield Problem(rel, 1, "registration", f"no dict literal {mapping} found", hint=hint)
             continue
         line, keys = found
-        for arch in (a for a in archs if a not in keys):
-            hint = f'add a "{arch}" entry to {mapping} in {rel}'
+        for arch in (a for a in archs if model_type.get(a, a) not in keys):
+            hint = f'add a "{model_type.get(arch, arch)}" entry to {mapping} in {rel}'
             yield Problem(rel, line, "registration", f"{arch} is not registered in {mapping}", hint=hint)
     for arch in archs:
         test = f"tests/models/{arch}/test_modeling_{arch}.py"

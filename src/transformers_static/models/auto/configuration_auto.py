@@ -11,25 +11,43 @@ from ...utils.hub import refuse_unsupported_hub_arguments
 
 CONFIG_MAPPING_NAMES = {
     "bloom": "BloomConfig",
+    "cohere2": "Cohere2Config",
     "falcon": "FalconConfig",
     "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config",
+    "gemma3_text": "Gemma3TextConfig",
     "gpt2": "GPT2Config",
     "gpt_neox": "GPTNeoXConfig",
     "gptj": "GPTJConfig",
+    "granite": "GraniteConfig",
     "llama": "LlamaConfig",
     "mistral": "MistralConfig",
+    "olmo2": "Olmo2Config",
     "opt": "OPTConfig",
     "phi": "PhiConfig",
+    "phi3": "Phi3Config",
     "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "smollm3": "SmolLM3Config",
+    "starcoder2": "Starcoder2Config",
 }
 
 
+# model_types whose package is named otherwise (upstream's text-only Gemma 3 lives in models/gemma3/)
+MODEL_TYPE_TO_MODULE_NAME = {"gemma3_text": "gemma3"}
+
+
+def model_module_name(model_type: str) -> str:
+    """The `models/<name>/` package of a model_type."""
+    return MODEL_TYPE_TO_MODULE_NAME.get(model_type, model_type)
+
+
 def model_class(model_type: str, kind: str, mapping: dict[str, str]) -> type:
-    """Import `mapping[model_type]` from `models/<model_type>/<kind>_<model_type>.py`."""
+    """Import `mapping[model_type]` from `models/<package>/<kind>_<package>.py`."""
     if model_type not in mapping:
         raise ValueError(f"Unknown model_type {model_type!r}; supported model types: {', '.join(sorted(mapping))}")
-    module = importlib.import_module(f"transformers_static.models.{model_type}.{kind}_{model_type}")
+    name = model_module_name(model_type)
+    module = importlib.import_module(f"transformers_static.models.{name}.{kind}_{name}")
     return getattr(module, mapping[model_type])
 
 

@@ -11,32 +11,48 @@ from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
     "bloom": "BloomModel",
+    "cohere2": "Cohere2Model",
     "falcon": "FalconModel",
     "gemma": "GemmaModel",
     "gemma2": "Gemma2Model",
+    "gemma3_text": "Gemma3TextModel",
     "gpt2": "GPT2Model",
     "gpt_neox": "GPTNeoXModel",
     "gptj": "GPTJModel",
+    "granite": "GraniteModel",
     "llama": "LlamaModel",
     "mistral": "MistralModel",
+    "olmo2": "Olmo2Model",
     "opt": "OPTModel",
     "phi": "PhiModel",
+    "phi3": "Phi3Model",
     "qwen2": "Qwen2Model",
+    "qwen3": "Qwen3Model",
+    "smollm3": "SmolLM3Model",
+    "starcoder2": "Starcoder2Model",
 }
 
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "bloom": "BloomForCausalLM",
+    "cohere2": "Cohere2ForCausalLM",
     "falcon": "FalconForCausalLM",
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "gpt_neox": "GPTNeoXForCausalLM",
     "gptj": "GPTJForCausalLM",
+    "granite": "GraniteForCausalLM",
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
     "opt": "OPTForCausalLM",
     "phi": "PhiForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
 }
 
 
