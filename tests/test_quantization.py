@@ -89,6 +89,7 @@ ARCHITECTURES = {
     ),
     "opt": (transformers.OPTForCausalLM, transformers.OPTConfig(hidden_size=32, ffn_dim=64, **LAYERS)),
     "phi": (transformers.PhiForCausalLM, transformers.PhiConfig(hidden_size=32, intermediate_size=64, **LAYERS)),
+    "phi3": (transformers.Phi3ForCausalLM, transformers.Phi3Config(hidden_size=32, intermediate_size=64, **LAYERS)),
     "qwen2": (
         transformers.Qwen2ForCausalLM,
         transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
