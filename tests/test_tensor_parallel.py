@@ -185,6 +185,7 @@ CHECKPOINTS: dict[str, Checkpoint] = {
         dict(SIZES, num_key_value_heads=2, sliding_window=5, sliding_window_pattern=2, logit_scale=0.5),
         {},
     ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(SIZES, num_key_value_heads=2, pad_token_id=1), {}),
 }
 # Projections a plan keeps whole on purpose, by checkpoint: OLMo2 normalises q and k over the whole projection
 # (all heads), so each rank computes them in full and keeps its heads afterwards (upstream gathers the outputs).

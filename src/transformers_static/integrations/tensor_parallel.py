@@ -8,6 +8,8 @@ layer (`nn.Linear`, or GPT-2's `[in, out]` Conv1D) a style:
     colwise_kv             key/value projections split by key/value head; with fewer kv heads than ranks, each
                            rank holds the one head its query heads read (replicated)
     colwise_qkv_blocks     one projection of [q | k | v] blocks (GPT-2's c_attn): each block split by heads
+    colwise_gate_up        one projection of [gate | up] halves (Phi-3's gate_up_proj): each half split evenly, so
+                           a rank's output is its own [gate | up]
     colwise_qkv_groups     one projection packed per key/value group, `[kv_heads, q_per_kv + 2, head_dim]` (GPT-NeoX
                            and Bloom: a group per head; Falcon: multi-query or grouped): each rank takes its groups,
                            or its query heads and their group's key and value
@@ -209,6 +211,13 @@ def _colwise_qkv_blocks(module: nn.Module, config: PretrainedConfig, tp: TensorP
     )
 
 
+def _colwise_gate_up(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    half = module.out_features // 2
+    _check_width(module, 2 * config.intermediate_size, "[gate | up] halves")
+    ((start, stop),) = _even(half, tp)
+    return Split(out=((start, stop), (half + start, half + stop)))
+
+
 def _colwise_qkv_groups(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
     """Rows `[kv_heads, q_per_kv + 2, head_dim]`: per group its query heads, then its key, then its value."""
     heads, kv_heads, head_dim = attention_shape(config)
@@ -238,6 +247,7 @@ SPLITS: dict[str, Callable[[nn.Module, PretrainedConfig, TensorParallel], Split]
     "colwise": _colwise,
     "colwise_kv": _colwise_kv,
     "colwise_qkv_blocks": _colwise_qkv_blocks,
+    "colwise_gate_up": _colwise_gate_up,
     "colwise_qkv_groups": _colwise_qkv_groups,
     "rowwise": _rowwise,
     "colwise_gather_output": _colwise_gather_output,

@@ -347,8 +347,9 @@ class Phi3ConfigTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "partial_rotary_factor"):
             Phi3Config(**rope_case(partial_rotary_factor=0.2))  # int(3.2) = 3 dims
 
-    def test_tensor_parallel_plan_is_refused(self) -> None:
-        """No tensor-parallel style splits gate_up_proj's two blocks each across ranks: no plan, a clear refusal."""
+    def test_tensor_parallel_plan_splits_each_fused_block(self) -> None:
+        """The plan names every projection, the fused ones with the styles that split each of their blocks."""
         model = Phi3ForCausalLM(Phi3Config(**WINDOWED, vocab_size=99))
-        with self.assertRaisesRegex(ValueError, "Phi3Config declares no tensor-parallel plan"):
-            planned_modules(model)
+        styles = {name.split(".", 3)[-1]: style for name, (_, style) in planned_modules(model).items()}
+        self.assertEqual(styles["self_attn.qkv_proj"], "colwise_qkv_blocks")
+        self.assertEqual(styles["mlp.gate_up_proj"], "colwise_gate_up")

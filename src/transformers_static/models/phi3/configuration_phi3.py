@@ -13,12 +13,17 @@ class Phi3Config(PretrainedConfig):
     rotated share of each head (`partial_rotary_factor`, 1 unless given there or at the top level) and the default
     table or LongRoPE (`rope_type="longrope"`: `short_factor` / `long_factor`, one per rotated pair of dims, switched
     at `original_max_position_embeddings`, which the top-level field of that name sets, as upstream; "su" and "yarn",
-    older checkpoints' names, mean longrope). `sliding_window` (None: off) applies to every layer.
-
-    No `base_model_tp_plan`: `gate_up_proj` fuses two blocks that a column split would give to different ranks, and
-    no tensor-parallel style splits each block (so `tp_plan="auto"` refuses the model)."""
+    older checkpoints' names, mean longrope). `sliding_window` (None: off) applies to every layer."""
 
     model_type = "phi3"
+    # Tensor parallelism (integrations/tensor_parallel.py): each block of the fused projections split by heads /
+    # columns, so each rank computes its own heads and MLP columns (upstream instead gathers the fused outputs).
+    base_model_tp_plan = {
+        "layers.*.self_attn.qkv_proj": "colwise_qkv_blocks",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_up_proj": "colwise_gate_up",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
 
     def __init__(
         self,
