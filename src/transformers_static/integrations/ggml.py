@@ -9,7 +9,7 @@ offset norms) are undone in `modeling_gguf_pytorch_utils`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _REQUIRED = object()
@@ -20,11 +20,18 @@ class GGUFMetadata:
     `<architecture>.block_count` and names the key when the file lacks it; `md.get(key, default)` is for keys
     llama.cpp treats as optional."""
 
-    def __init__(self, fields: dict[str, Any], tensor_shapes: dict[str, tuple[int, ...]], path: str) -> None:
+    def __init__(
+        self,
+        fields: dict[str, Any],
+        tensor_shapes: dict[str, tuple[int, ...]],
+        path: str,
+        tensor_values: Callable[[str], list[float]] | None = None,
+    ) -> None:
         self.fields = fields
         self.tensor_shapes = tensor_shapes
         self.path = path
         self.architecture: str = fields["general.architecture"]
+        self._tensor_values = tensor_values
 
     def __getitem__(self, key: str) -> Any:
         return self.get(key, _REQUIRED)
@@ -45,6 +52,12 @@ class GGUFMetadata:
 
     def has_tensor(self, name: str) -> bool:
         return name in self.tensor_shapes
+
+    def tensor_values(self, name: str) -> list[float]:
+        """The values of a small tensor that llama.cpp reads as a hyperparameter (Phi-3's rope factors)."""
+        if self._tensor_values is None:
+            raise ValueError(f"{self.path}: the values of tensor {name!r} were not read")
+        return self._tensor_values(name)
 
 
 # ---------------------------------------------------------------------- config from metadata
@@ -149,6 +162,56 @@ def _gemma2_config(md: GGUFMetadata) -> dict[str, Any]:
     }
 
 
+# llama.cpp's Gemma 3 constants: every 6th layer is global, sliding layers rotate with base 10000.
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_SLIDING_ROPE_THETA = 10000.0
+
+
+def _gemma3_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Gemma 3. With `attention.sliding_window` stated (and not 0), every 6th layer is global
+    (`set_swa_pattern(6)`, upstream's 5:1 `layer_types`) and the others attend to the last `sliding_window` keys,
+    their own included; sliding layers rotate with base 10000 and no scaling (llama.cpp's fixed
+    `rope_freq_base_train_swa` / `rope_freq_scale_train_swa`), global layers with `rope.freq_base` and the file's
+    linear rope scaling (factor 8 in the 4B and larger models; upstream's GGUF loading drops it). That graph caps
+    neither scores nor logits. Without a window llama.cpp runs every layer global and caps the logits by
+    `final_logit_softcapping` when the file states one. The query scale is Gemma 2's rule: 1/sqrt(head_dim), except
+    for the 62-layer 27B model, 1/sqrt(hidden_size / heads)."""
+    config = _rotary_decoder(md)
+    layers = config["num_hidden_layers"]
+    scalar = config["hidden_size"] // config["num_attention_heads"] if layers == 62 else config["head_dim"]
+    window = md.get("attention.sliding_window", 0)
+    if window:
+        layer_types = [
+            "full_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 else "sliding_attention" for i in range(layers)
+        ]
+        softcap = None
+    else:
+        layer_types, softcap = ["full_attention"] * layers, md.get("final_logit_softcapping") or None
+    rope = {
+        "full_attention": config.pop("rope_parameters"),
+        "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_SLIDING_ROPE_THETA},
+    }
+    return {
+        **config,
+        "rope_parameters": rope,
+        "query_pre_attn_scalar": scalar,
+        "sliding_window": window or None,
+        "layer_types": layer_types,
+        "final_logit_softcapping": softcap,
+        "attn_logit_softcapping": None,
+    }
+
+
+def _qwen3_config(md: GGUFMetadata) -> dict[str, Any]:
+    """Qwen 2's fields, the head dim from `attention.key_length` (upstream's GGUF loading ignores it and keeps
+    Qwen3Config's default, 128) and query/key norms; llama.cpp's Qwen 3 graph has no sliding window."""
+    return {
+        **_rotary_decoder(md),
+        "use_sliding_window": False,
+        "attention_bias": md.has_tensor("blk.0.attn_q.bias"),
+    }
+
+
 def _gpt2_config(md: GGUFMetadata) -> dict[str, Any]:
     return {
         **_common(md),
@@ -233,6 +296,72 @@ def _gpt_neox_config(md: GGUFMetadata) -> dict[str, Any]:
     }
 
 
+def _full_width_head_dim(md: GGUFMetadata) -> int:
+    """embedding_length / head_count, which `attention.key_length` may state but not change (llama.cpp's Phi-3 and
+    StarCoder2 graphs size heads by it, and so do the upstream configs, which have no head_dim field)."""
+    head_dim = md["embedding_length"] // md["attention.head_count"]
+    if _head_dim(md) != head_dim:
+        raise ValueError(
+            f"{md.path}: attention.key_length ({_head_dim(md)}) must equal embedding_length / head_count "
+            f"({head_dim}) for a {md.architecture} file"
+        )
+    return head_dim
+
+
+def _phi3_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Phi-3: RMSNorm blocks, `attn_qkv` fused (or q/k/v apart), `ffn_up` holding the gate's rows then
+    the up projection's (its SwiGLU splits them in halves), rotating `rope.dimension_count` dims of each head
+    (3/4 in Phi-4-mini; upstream's GGUF loading rotates all). LongRoPE (Phi-3 128k, Phi-3.5) is stored as two
+    tensors, `rope_factors_short` / `rope_factors_long`, beside `rope.scaling.original_context_length` and
+    `rope.scaling.attn_factor` (the cos/sin scale); they become upstream's longrope `rope_parameters` (upstream's
+    GGUF loading drops them). One difference stays: llama.cpp takes the long factors for every position once the
+    context it was given exceeds the original length, upstream (and this model) once the sequence does. llama.cpp
+    disables Phi-3's sliding window (ggml-org/llama.cpp#13676), so a stated `attention.sliding_window` is not
+    applied here either."""
+    head_dim = _full_width_head_dim(md)
+    rope = _rope_parameters(md, head_dim, partial=True)
+    config = {**_decoder(md), "rope_parameters": rope, "sliding_window": None}
+    factors = {kind: f"rope_factors_{kind}.weight" for kind in ("short", "long")}
+    present = [name for name in factors.values() if md.has_tensor(name)]
+    if not present:
+        return config
+    if len(present) == 1 or rope["rope_type"] != "default":
+        raise ValueError(
+            f"{md.path}: LongRoPE needs both {' and '.join(factors.values())} and no other rope scaling; the file "
+            f"has {present} and rope scaling {rope['rope_type']!r}"
+        )
+    original = md.get("rope.scaling.original_context_length", config["max_position_embeddings"])
+    rope.update(
+        rope_type="longrope",
+        original_max_position_embeddings=original,
+        **{f"{kind}_factor": md.tensor_values(name) for kind, name in factors.items()},
+    )
+    if md.get("rope.scaling.attn_factor") is not None:
+        rope["attention_factor"] = float(md["rope.scaling.attn_factor"])
+    return {**config, "original_max_position_embeddings": original}
+
+
+def _starcoder2_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's StarCoder2: LayerNorm blocks, a GELU MLP, biases (`use_bias`), full-width rotary positions with
+    base `rope.freq_base` (upstream's GGUF loading ignores it and keeps 10000; StarCoder2-3B's is 999999.4). No
+    sliding window: llama.cpp's StarCoder2 graph has none, though the checkpoints' configs state 4096."""
+    head_dim = _full_width_head_dim(md)
+    heads = md["attention.head_count"]
+    return {
+        **_common(md),
+        "hidden_size": md["embedding_length"],
+        "intermediate_size": md["feed_forward_length"],
+        "num_hidden_layers": md["block_count"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": md.get("attention.head_count_kv", heads),
+        "max_position_embeddings": md["context_length"],
+        "norm_epsilon": md["attention.layer_norm_epsilon"],
+        "rope_parameters": _rope_parameters(md, head_dim, partial=False),
+        "use_bias": md.has_tensor("blk.0.attn_output.bias"),
+        "sliding_window": None,
+    }
+
+
 # ---------------------------------------------------------------------- tensor names
 def _blocks(prefix: str, names: dict[str, str]) -> dict[str, str]:
     """Per-block names: `{"attn_q": "self_attn.q_proj"}` -> `{"blk.attn_q": "<prefix>.{}.self_attn.q_proj"}`."""
@@ -267,6 +396,9 @@ GEMMA2_TENSORS = {
         },
     ),
 }
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+QWEN3_TENSORS = {**LLAMA_TENSORS, **_blocks("model.layers", _QK_NORMS)}
+GEMMA3_TENSORS = {**GEMMA2_TENSORS, **_blocks("model.layers", _QK_NORMS)}
 GPT2_TENSORS = {
     "token_embd": "transformer.wte",
     "position_embd": "transformer.wpe",
@@ -341,15 +473,59 @@ GPT_NEOX_TENSORS = {
         },
     ),
 }
+PHI3_TENSORS: dict[str, str | None] = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "rope_factors_long": None,  # read into rope_parameters (see _phi3_config)
+    "rope_factors_short": None,
+    **_blocks(
+        "model.layers",
+        {
+            "attn_norm": "input_layernorm",
+            "attn_qkv": "self_attn.qkv_proj",
+            # files with q/k/v apart: joined into qkv_proj on load (PHI3_JOINS)
+            "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj",
+            "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj",
+            "ffn_norm": "post_attention_layernorm",
+            "ffn_up": "mlp.gate_up_proj",  # [gate; up] rows in both llama.cpp and upstream
+            "ffn_down": "mlp.down_proj",
+        },
+    ),
+}
+PHI3_JOINS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}
+STARCODER2_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    **_blocks(
+        "model.layers",
+        {
+            "attn_norm": "input_layernorm",
+            "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj",
+            "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj",
+            "ffn_norm": "post_attention_layernorm",
+            "ffn_up": "mlp.c_fc",
+            "ffn_down": "mlp.c_proj",
+        },
+    ),
+}
 
 
 @dataclass(frozen=True)
 class GGUFArchitecture:
-    """One GGUF architecture: our model type, its config from the metadata, its tensor names given that config."""
+    """One GGUF architecture: our model type, its config from the metadata, its tensor names given that config
+    (None: a tensor read into the config, not a weight), and modules joined from parts on load (`{fused module:
+    (part modules, in row order)}`)."""
 
     model_type: str
     config: Callable[[GGUFMetadata], dict[str, Any]]
-    tensors: Callable[[dict[str, Any]], dict[str, str]]
+    tensors: Callable[[dict[str, Any]], dict[str, str | None]]
+    joins: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 GGUF_ARCHITECTURES = {
@@ -367,6 +543,10 @@ GGUF_ARCHITECTURES = {
     "bloom": GGUFArchitecture("bloom", _bloom_config, lambda config: BLOOM_TENSORS),
     "phi2": GGUFArchitecture("phi", _phi_config, lambda config: PHI2_TENSORS),
     "gptneox": GGUFArchitecture("gpt_neox", _gpt_neox_config, lambda config: GPT_NEOX_TENSORS),
+    "qwen3": GGUFArchitecture("qwen3", _qwen3_config, lambda config: QWEN3_TENSORS),
+    "gemma3": GGUFArchitecture("gemma3_text", _gemma3_config, lambda config: GEMMA3_TENSORS),
+    "phi3": GGUFArchitecture("phi3", _phi3_config, lambda config: PHI3_TENSORS, PHI3_JOINS),
+    "starcoder2": GGUFArchitecture("starcoder2", _starcoder2_config, lambda config: STARCODER2_TENSORS),
 }
 
 

@@ -3,7 +3,7 @@
 
 A GGUF stores the vocabulary, merges (or scores), token types and special token ids under `tokenizer.ggml.*`:
 `model` "gpt2" is a byte-level BPE (GPT-2's pipeline), "llama" a SentencePiece BPE (Llama's; Gemma's for Gemma
-files), the pipelines of `tokenization_backends`. What is GGUF-specific stays here: respelling, merges from scores,
+files, Llama's with a normalizer for Phi-3 files), the pipelines of `tokenization_backends`. What is GGUF-specific stays here: respelling, merges from scores,
 split regexes. It reads plain metadata (from `modeling_gguf_pytorch_utils`) and imports no tokenizer class: the
 class is chosen by the tokenizer loaders (`AutoTokenizer` by the file's model type, or the class called).
 """
@@ -130,12 +130,24 @@ def _gemma(fields: dict[str, Any], tokens: list[str]) -> Any:
     return gemma_backend({"vocab": vocab, "merges": merges}, unk_token="<unk>")
 
 
-_BUILDERS = {"byte_level": _byte_level, "sentencepiece": _sentencepiece, "gemma": _gemma}
+def _phi3(fields: dict[str, Any], tokens: list[str]) -> Any:
+    """Llama's pipeline, except that the prefix space comes from a normalizer ("▁" prepended, spaces respelled) and
+    nothing pre-tokenizes: upstream's rule for Phi-3 files (what its repos' tokenizer.json does; a GGUF cannot say
+    which a model wants, and it shows on text that starts with a space)."""
+    normalizers = _tokenizers().normalizers
+    backend = _sentencepiece(fields, tokens)
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.pre_tokenizer = None
+    return backend
+
+
+_BUILDERS = {"byte_level": _byte_level, "sentencepiece": _sentencepiece, "gemma": _gemma, "phi3": _phi3}
 # The special tokens (bos, eos, unk, pad, mask order) upstream's tokenizer class of each kind adds to the backend
 # it builds (GPT2Tokenizer, LlamaTokenizer, GemmaTokenizer defaults), before the file's own tokens.
 _CLASS_SPECIALS = {
     "byte_level": ("<|endoftext|>",),
     "sentencepiece": ("<s>", "</s>", "<unk>"),
+    "phi3": ("<s>", "</s>", "<unk>"),
     "gemma": ("<bos>", "<eos>", "<unk>", "<pad>", "<mask>"),
 }
 
@@ -145,7 +157,10 @@ def _kind(fields: dict[str, Any]) -> str:
     if model == "gpt2":
         return "byte_level"
     if model == "llama":
-        return "gemma" if fields["general.architecture"] in GEMMA_ARCHITECTURES else "sentencepiece"
+        architecture = fields["general.architecture"]
+        return (
+            "gemma" if architecture in GEMMA_ARCHITECTURES else "phi3" if architecture == "phi3" else "sentencepiece"
+        )
     raise ValueError(
         f"Cannot rebuild a tokenizer from GGUF tokenizer.ggml.model {model!r}; supported: 'gpt2' (byte-level BPE), "
         "'llama' (SentencePiece)"
