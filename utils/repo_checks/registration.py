@@ -21,10 +21,10 @@ PARITY_BASE = "CausalLMParityTests"
 def mapping_literal(mod: Module, name: str) -> tuple[int, dict[str, str]] | None:
     """(line, {key: value}) of a module-level `NAME = {...}` dict literal of strings."""
     for node in mod.tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            if isinstance(node.value, ast.Dict):
-                pairs = zip(node.value.keys, node.value.values, strict=True)
-                return node.lineno, {k.value: v.value for k, v in pairs if isinstance(k, ast.Constant)}
+        named = isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+        if named and isinstance(node.value, ast.Dict):
+            pairs = zip(node.value.keys, node.value.values, strict=True)
+            return node.lineno, {k.value: v.value for k, v in pairs if isinstance(k, ast.Constant)}
     return None
 
 
