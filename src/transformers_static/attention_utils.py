@@ -1,12 +1,15 @@
 """Attention kernels behind one registry and one signature.
 
-    fn(module, query, key, value, attention_mask, scaling, dropout, softcap) -> (attn_output, attn_weights | None)
+    fn(module, query, key, value, attention_mask, scaling, dropout, softcap, sinks)
+        -> (attn_output, attn_weights | None)
 
 query `[batch, heads, q_len, head_dim]`, key/value `[batch, kv_heads, kv_len, head_dim]`, attention_mask
 `[batch, 1, q_len, kv_len]` (bool, True = attend, or additive float) made by AttentionMaskConverter.
 attn_output is `[batch, q_len, heads, head_dim]`. Grouped key/value heads are shared by grouping the queries (no
 copy of the cache per step). `softcap`
-(Gemma2) squashes scores to `tanh(s / cap) * cap` before the mask; only the eager kernel can do it.
+(Gemma2) squashes scores to `tanh(s / cap) * cap` before the mask; `sinks` `[heads]` (gpt-oss) adds one learned
+logit per head to each query's softmax, a column dropped after it (mass that goes to no value). Only the eager
+kernel can do either.
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ def eager_attention(
     scaling: float,
     dropout: float = 0.0,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores in the model dtype (soft-capped there, as upstream), masked and softmaxed in float32
-    (fp16/bf16-safe: no -inf, no NaN rows)."""
+    (fp16/bf16-safe: no -inf, no NaN rows), with the `sinks` column when given."""
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
     if attention_mask is not None and heads != kv_heads:
@@ -70,7 +74,13 @@ def eager_attention(
             scores = scores.masked_fill(~attention_mask, lowest)
         else:
             scores = (scores + attention_mask.float()).clamp(min=lowest)
-    weights = F.softmax(scores, dim=-1).to(query.dtype)
+    if sinks is not None:  # one column per query row, each row's head's sink (rows ordered as group_queries)
+        sink = sinks.float().reshape(1, kv_heads, heads // kv_heads, 1, 1).expand(batch, -1, -1, q_len, 1)
+        scores = torch.cat([scores, sink.reshape(batch, kv_heads, -1, 1)], dim=-1)
+    weights = F.softmax(scores, dim=-1)
+    if sinks is not None:
+        weights = weights[..., :-1]
+    weights = weights.to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     attn_output = torch.matmul(weights, value).reshape(batch, heads, q_len, head_dim)
     return attn_output.transpose(1, 2).contiguous(), weights.reshape(batch, heads, q_len, -1)
@@ -85,12 +95,15 @@ def sdpa_attention(
     scaling: float,
     dropout: float = 0.0,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, None]:
     """torch's scaled_dot_product_attention with the explicit mask (never `is_causal`: one graph for all shapes).
 
     A query row with no key to attend to (a left-padding position) comes out as zeros, not NaN."""
     if softcap is not None:
         raise ValueError("sdpa cannot soft-cap attention scores: use attn_implementation='eager'")
+    if sinks is not None:
+        raise ValueError("sdpa cannot add attention sinks to the softmax: use attn_implementation='eager'")
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
     if attention_mask is not None and attention_mask.dtype != torch.bool:
@@ -129,6 +142,7 @@ def attention_forward(
     scaling: float,
     dropout: float = 0.0,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The tail every attention module shares: store the new key/value at `cache_position` (before attending, so
     the query sees its own key), run the kernel of `module.config._attn_implementation` (`dropout` only while
@@ -150,6 +164,7 @@ def attention_forward(
         scaling=scaling,
         dropout=dropout if module.training else 0.0,
         softcap=softcap,
+        sinks=sinks,
     )  # [batch, q_len, heads, head_dim]
     batch, q_len = attn_output.shape[:2]
     return attn_output.reshape(batch, q_len, -1)

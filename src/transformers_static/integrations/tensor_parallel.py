@@ -18,6 +18,15 @@ layer (`nn.Linear`, or GPT-2's `[in, out]` Conv1D) a style:
     colwise_gather_output  the LM head split by vocabulary (tied: a view of the replicated embedding); the logits
                            are all-gathered, so every rank holds all of them
 
+and two styles of other modules (mixture-of-experts models):
+
+    experts                stacked experts (moe_utils.StackedExperts): every expert's intermediate features split
+                           evenly, as an MLP's are (its gate and up rows, or gpt-oss's interleaved columns, and the
+                           same columns of its down projection); routing is replicated, so each rank runs the same
+                           experts on its slices and the weighted sums are all-reduced (a down-projection bias is
+                           kept on rank 0 only, so the sum adds it once)
+    sinks                  an attention module's per-head `sinks` (gpt-oss) split with its query heads
+
 Everything else is replicated (embeddings, norms, position tables). The reductions are functional collectives,
 which dynamo traces into the graph: a compiled forward stays one graph. Each rank reads only its slices of the
 safetensors files. docs/TENSOR_PARALLEL.md says why each choice was made.
@@ -137,9 +146,11 @@ def planned_modules(model: PreTrainedModel) -> dict[str, tuple[nn.Module, str]]:
                 unused.discard(pattern)
     if unused:
         raise ValueError(f"{type(model).__name__}'s tensor-parallel plan names modules it lacks: {sorted(unused)}")
-    unknown = sorted({style for _, style in found.values()} - set(SPLITS))
+    unknown = sorted({style for _, style in found.values()} - set(SPLITS) - set(MODULE_STYLES))
     if unknown:
-        raise ValueError(f"unknown tensor-parallel style(s) {unknown}; expected some of {sorted(SPLITS)}")
+        raise ValueError(
+            f"unknown tensor-parallel style(s) {unknown}; expected some of {sorted({*SPLITS, *MODULE_STYLES})}"
+        )
     return found
 
 
@@ -278,20 +289,30 @@ def load_tensor_parallel(model: PreTrainedModel, weight_files: dict[str, str], t
     model.config._tp_rank, model.config._tp_size = tp.rank, tp.world_size
     splits = {name: _split(name, module, style, model.config, tp) for name, (module, style) in layers.items()}
     shards = {}
-    for name, (module, _) in layers.items():
-        shards.update(_shard_module(name, module, splits[name], tied=_tied_source(model, name) is not None))
+    # the checkpoint tensors of every parameter, before any changes shape (views of the parameters they are part of)
+    moe_styles = any(style in MODULE_STYLES for _, style in layers.values())
+    checkpoint = model.state_dict(keep_vars=True) if moe_styles else {}
+    for name, (module, style) in layers.items():
+        if style in MODULE_STYLES:
+            shards.update(_shard_by_dims(checkpoint, module, splits[name]))
+        else:
+            shards.update(_shard_module(name, module, splits[name], tied=_tied_source(model, name) is not None))
     model.load_checkpoint_state_dict(_read_shards(model, weight_files, shards), device=tp.device)
     for name, (module, style) in layers.items():
         if style == "rowwise":
             _install_rowwise(module, tp)
         elif style == "colwise_gather_output":
             _install_gather_output(model, name, module, tp)
+        elif style == "experts":
+            _install_experts(module, tp)
 
 
-def _split(name: str, module: nn.Module, style: str, config: PretrainedConfig, tp: TensorParallel) -> Split:
+def _split(
+    name: str, module: nn.Module, style: str, config: PretrainedConfig, tp: TensorParallel
+) -> Split | ParameterDims:
     """What this rank holds of `module` (every check done before any module changes)."""
     try:
-        return SPLITS[style](module, config, tp)
+        return {**SPLITS, **MODULE_STYLES}[style](module, config, tp)
     except ValueError as err:
         raise ValueError(f"cannot split {name} ({style}): {err}") from None
 
@@ -362,6 +383,72 @@ def _read_slices(view: Any, shard: Shard) -> torch.Tensor:
     before = (slice(None),) * shard.dim
     parts = [view[(*before, slice(start, stop))] for start, stop in shard.spans]
     return torch.cat(parts, dim=shard.dim) if len(parts) > 1 else parts[0].clone(memory_format=torch.contiguous_format)
+
+
+# ---------------------------------------------------------------------- mixture-of-experts modules
+ParameterDims = dict[str, Shard]  # {parameter name: where this rank's part lies in it}
+
+
+def _experts(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> ParameterDims:
+    """Every expert's intermediate features `[start, stop)` of this rank: in `[experts, out, in]` stacks the gate rows
+    and the up rows (`gate_up_proj` holds gate then up) and the down columns; in gpt-oss's `[experts, in, out]`
+    stacks the interleaved gate/up columns `[2 * start, 2 * stop)` (and bias entries) and the down rows."""
+    intermediate = module.down_proj.shape[1 if module.transposed else 2]
+    ((start, stop),) = _even(intermediate, tp)
+    if module.transposed:
+        pairs = ((2 * start, 2 * stop),)
+        return {
+            "gate_up_proj": Shard(2, pairs),
+            "gate_up_proj_bias": Shard(1, pairs),
+            "down_proj": Shard(1, ((start, stop),)),
+        }
+    gate_up = ((start, stop), (intermediate + start, intermediate + stop))
+    return {"gate_up_proj": Shard(1, gate_up), "down_proj": Shard(2, ((start, stop),))}
+
+
+def _sinks(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> ParameterDims:
+    """The sink logits of this rank's query heads."""
+    heads = config.tp_heads(module.sinks.shape[0])
+    return {"sinks": Shard(0, ((heads.start, heads.stop),))}
+
+
+MODULE_STYLES: dict[str, Callable[[nn.Module, PretrainedConfig, TensorParallel], ParameterDims]] = {
+    "experts": _experts,
+    "sinks": _sinks,
+}
+
+
+def _shard_by_dims(checkpoint: dict[str, torch.Tensor], module: nn.Module, dims: ParameterDims) -> dict[str, Shard]:
+    """Give `module`'s parameters named in `dims` meta tensors of this rank's shape; return where each checkpoint
+    tensor holding them lies (`checkpoint`: the model's state dict, taken before any parameter changed): the
+    parameter itself, or (experts saved one matrix per expert, moe_utils) one expert's gate, up or down matrix,
+    which the state dict gives as a view of the stacked parameter: its span is the rank's first one (gate and up
+    blocks each hold the rank's features once), one dimension lower."""
+    params = {id(module._parameters[name]): name for name in dims if module._parameters.get(name) is not None}
+    shards = {}
+    for key, tensor in checkpoint.items():
+        whole = tensor._base is None
+        name = params.get(id(tensor if whole else tensor._base))
+        if name is not None:
+            dim, spans = dims[name]
+            shards[key] = Shard(dim, spans) if whole else Shard(dim - 1, spans[:1])
+    for name in params.values():
+        param, (dim, spans) = module._parameters[name], dims[name]
+        shape = list(param.shape)
+        shape[dim] = _width(spans)
+        local = torch.empty(shape, dtype=param.dtype, device="meta")
+        module._parameters[name] = nn.Parameter(local, requires_grad=param.requires_grad)
+    return shards
+
+
+def _install_experts(module: nn.Module, tp: TensorParallel) -> None:
+    """Each rank's experts make a partial sum of every token's output: all-reduced; the down-projection bias (added
+    with each expert's output) counts on rank 0 only."""
+    bias = module._parameters.get("down_proj_bias")
+    if bias is not None and tp.rank:
+        with torch.no_grad():
+            bias.zero_()
+    module.register_forward_hook(ReducePartialSums(tp.group))
 
 
 # ---------------------------------------------------------------------- collectives

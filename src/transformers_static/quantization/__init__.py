@@ -6,6 +6,10 @@ biases, norms and embeddings stay in the model dtype). A tied head gets its own 
 tied (`tie_word_embeddings` becomes False). One layer stays in the model dtype on purpose, with a warning: Gemma2's
 soft-capped head (`Gemma2SoftCappedLMHead`, whose forward caps the logits after the product; a tied one stays
 tied). A linear layer of any other type is refused with a ValueError naming it: none is left float unannounced.
+Mixture-of-experts models' stacked experts (a module declaring `int8_layout = "experts"`, moe_utils) are quantized
+per expert and output channel, in their own layout (`<name>` int8 `[experts, out, in]`, or `[experts, in, out]` for
+gpt-oss, and `<name>_scale` `[experts, out]`); their routers (not linear layers in upstream's shape: a `weight`
+`[experts, hidden]`, read once per token, whose exact logits choose the experts) stay in the model dtype.
 
 A quantized checkpoint is an ordinary safetensors checkpoint whose linear layers hold `<name>.weight` (int8
 `[out, in]`, for every layer type: GPT-2's `[in, out]` Conv1D weights are transposed when quantized, so the int8
@@ -24,7 +28,7 @@ from torch import nn
 
 from ..configuration_utils import PretrainedConfig
 from ..linear_utils import DecodeLinear
-from .int8 import Int8Linear, quantize_weight
+from .int8 import Int8Linear, quantize_experts, quantize_weight
 
 if TYPE_CHECKING:
     from ..modeling_utils import PreTrainedModel
@@ -33,6 +37,12 @@ logger = logging.getLogger(__name__)
 
 QUANTIZATION_METHODS = ("int8",)
 FORMAT = "transformers_static"
+MXFP4_REFUSAL = (
+    "The checkpoint's experts are MXFP4-quantized (quant_method 'mxfp4': gpt-oss's published `*_blocks` / `*_scales` "
+    "tensors), which transformers_static does not dequantize. Dequantize them once with upstream transformers "
+    "(`GptOssForCausalLM.from_pretrained(path, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16)`"
+    ", then `save_pretrained(new_path)`) and load the saved directory here"
+)
 
 __all__ = ["QUANTIZATION_METHODS", "Int8Linear", "checkpoint_quantization", "quantize_model", "quantize_weight"]
 
@@ -53,6 +63,8 @@ def checkpoint_quantization(config: PretrainedConfig) -> str | None:
     marker = getattr(config, "quantization_config", None)
     if marker is None:
         return None
+    if isinstance(marker, dict) and marker.get("quant_method") == "mxfp4":
+        raise ValueError(MXFP4_REFUSAL)
     if (
         not isinstance(marker, dict)
         or marker.get("format") != FORMAT
@@ -75,7 +87,8 @@ def int8_layout(module: nn.Module) -> str | None:
     """How int8 treats `module`, declared by its class as `int8_layout` (plain linear layers need none): "out_in"
     (an nn.Linear-shaped weight, the product then the bias: replaced), "in_out" (a weight stored transposed, GPT-2's
     Conv1D: replaced, its weight transposed), "keep" (a forward of its own around the product: stays in the model
-    dtype); None for a module that is not a linear layer int8 knows."""
+    dtype), "experts" (stacked expert weights: quantized in place, per expert); None for a module that is not a
+    linear layer int8 knows."""
     if type(module) in (nn.Linear, DecodeLinear):
         return "out_in"
     return getattr(type(module), "int8_layout", None)
@@ -102,6 +115,8 @@ def quantize_model(model: PreTrainedModel, method: str = "int8", *, empty: bool 
         layout = int8_layout(module)
         if layout == "keep":
             kept.append(name)
+        if layout == "experts":
+            quantize_experts(module, empty=empty)
         if layout not in ("out_in", "in_out"):
             continue
         replaced.append(name)

@@ -56,3 +56,31 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantize_experts(module: nn.Module, empty: bool = False) -> None:
+    """Turn a mixture-of-experts module's stacked weights (`module.stacked_weights`: `[experts, out, in]`, or
+    `[experts, in, out]` when `module.transposed`) into int8 buffers of the same shape, in place, each with a scale
+    per expert and output channel `<name>_scale` `[experts, out]` (model dtype): every expert's matrix quantized as
+    `quantize_weight` quantizes a linear layer's. `empty`: zeros and unit scales, for a checkpoint to load into."""
+    in_dim = -2 if module.transposed else -1
+    for name in module.stacked_weights:
+        weight = getattr(module, name)
+        if empty:
+            quantized = torch.zeros(weight.shape, dtype=torch.int8, device=weight.device)
+            scale = torch.ones_like(weight.select(in_dim, 0))  # [experts, out]
+        else:
+            quantized, scale = quantize_stacked(weight, in_dim)
+        del module._parameters[name]
+        module.register_buffer(name, quantized)
+        module.register_buffer(f"{name}_scale", scale)
+
+
+def quantize_stacked(weight: torch.Tensor, in_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked float matrices -> (int8 of the same shape, scale `[experts, out]` in `weight`'s dtype), symmetric per
+    expert and output channel (`in_dim`: the input-feature dimension, -1 or -2), rounded as `quantize_weight`."""
+    values = weight.detach().float()
+    absmax = values.abs().amax(dim=in_dim)  # [experts, out]
+    scale = torch.where(absmax > 0, absmax / INT8_MAX, torch.ones_like(absmax)).to(weight.dtype)
+    quantized = torch.round(values / scale.float().unsqueeze(in_dim)).clamp(-INT8_MAX, INT8_MAX)
+    return quantized.to(torch.int8), scale

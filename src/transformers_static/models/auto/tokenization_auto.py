@@ -30,12 +30,14 @@ TOKENIZER_MAPPING_NAMES = {
     "gptj": "GPT2Tokenizer",
     "granite": "TokenizersBackend",
     "mistral": "TokenizersBackend",
+    "mixtral": "TokenizersBackend",
     "olmo2": "TokenizersBackend",
     "opt": "GPT2Tokenizer",
     "phi": "GPT2Tokenizer",
     "phi3": "TokenizersBackend",
     "qwen2": "Qwen2Tokenizer",
     "qwen3": "Qwen2Tokenizer",
+    "qwen3_moe": "Qwen2Tokenizer",
     "starcoder2": "GPT2Tokenizer",
 }
 # Model types whose Hub tokenizer_class upstream overrides with the registered class.

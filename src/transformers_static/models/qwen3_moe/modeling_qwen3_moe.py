@@ -1,0 +1,303 @@
+"""Qwen3-MoE: Qwen3's attention (a per-head RMSNorm on queries and keys before the rotary positions; every layer
+windowed with `use_sliding_window`) with sparse MLP layers: a router picks `num_experts_per_tok` of `num_experts`
+experts per token (softmax over all experts, renormalised over the chosen ones when `norm_topk_prob`). Layers in
+`mlp_only_layers`, or off the `decoder_sparse_step` interval, keep a dense MLP.
+
+The experts are stacked parameters (`mlp.experts.gate_up_proj` `[experts, 2 * moe_intermediate, hidden]`, gate
+rows then up rows, `mlp.experts.down_proj` `[experts, hidden, moe_intermediate]`, as upstream 5.x holds them),
+run as one static graph for every routing (moe_utils); checkpoints keep upstream's saved layout,
+`mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...activations import get_activation
+from ...attention_utils import attention_forward
+from ...cache_utils import Cache
+from ...modeling_attn_mask_utils import attention_type, mask_converters
+from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
+from ...modeling_rope_utils import compute_inv_freq
+from ...modeling_utils import PreTrainedModel
+from ...moe_utils import MoeCausalLMMixin, MoeModelOutputWithPast, StackedExperts, softmax_top_k
+from .configuration_qwen3_moe import Qwen3MoeConfig
+
+
+# Copied from transformers_static.models.llama.modeling_llama.LlamaRMSNorm with Llama->Qwen3Moe
+class Qwen3MoeRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.float()
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def head_dim(config: Qwen3MoeConfig) -> int:
+    """A config.json's `head_dim`, else `hidden_size // num_attention_heads` (not a field of upstream's config)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class Qwen3MoeRotaryEmbedding(nn.Module):
+    """cos/sin tables `[batch, q_len, head_dim]` for the given positions, computed in float32."""
+
+    def __init__(self, config: Qwen3MoeConfig) -> None:
+        super().__init__()
+        inv_freq = compute_inv_freq(config.rope_parameters, head_dim(config))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim // 2]
+
+    # Copied from transformers_static.models.llama.modeling_llama.LlamaRotaryEmbedding.forward
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]  # [batch, q_len, head_dim // 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [batch, q_len, head_dim]
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+# Copied from transformers_static.models.llama.modeling_llama.rotate_half
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Rotates half the hidden dims of the input."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+# Copied from transformers_static.models.llama.modeling_llama.apply_rotary_pos_emb
+def apply_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries `[batch, heads, q_len, head_dim]` and keys by cos/sin `[batch, q_len, head_dim]`."""
+    cos, sin = cos[:, None], sin[:, None]  # [batch, 1, q_len, head_dim]
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+# Copied from transformers_static.models.qwen3.modeling_qwen3.Qwen3MLP with Qwen3->Qwen3Moe
+class Qwen3MoeMLP(nn.Module):
+    def __init__(self, config: Qwen3MoeConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act_fn = get_activation(config.hidden_act)
+
+    # Copied from transformers_static.models.llama.modeling_llama.LlamaMLP.forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3MoeExperts(StackedExperts):
+    """`num_experts` SwiGLU MLPs of width `moe_intermediate_size`, stacked."""
+
+    checkpoint_parts = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+    def __init__(self, config: Qwen3MoeConfig) -> None:
+        super().__init__(config.num_local_experts)
+        hidden, intermediate = config.hidden_size, config.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(self.num_experts, hidden, intermediate))
+        self.act_fn = get_activation(config.hidden_act)
+
+    # Copied from transformers_static.models.mixtral.modeling_mixtral.MixtralExperts.glu
+    def glu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+
+class Qwen3MoeTopKRouter(nn.Module):
+    """Router logits `[tokens, experts]`; each token's top-k experts by softmax probability (float32), renormalised
+    when `norm_topk_prob`, then in the logits' dtype."""
+
+    def __init__(self, config: Qwen3MoeConfig) -> None:
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        router_logits = F.linear(hidden_states, self.weight)  # [tokens, experts]
+        top_k_weights, top_k_index = softmax_top_k(router_logits, self.top_k, normalize=self.norm_topk_prob)
+        return router_logits, top_k_weights.to(router_logits.dtype), top_k_index
+
+
+class Qwen3MoeSparseMoeBlock(nn.Module):
+    def __init__(self, config: Qwen3MoeConfig) -> None:
+        super().__init__()
+        self.experts = Qwen3MoeExperts(config)
+        self.gate = Qwen3MoeTopKRouter(config)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[batch, q_len, hidden]` -> the experts' weighted sum `[batch, q_len, hidden]` and the router logits
+        `[batch * q_len, experts]`."""
+        tokens = hidden_states.reshape(-1, hidden_states.shape[-1])  # [batch * q_len, hidden]
+        router_logits, top_k_weights, top_k_index = self.gate(tokens)
+        out = self.experts(tokens, top_k_index, top_k_weights)
+        return out.reshape(hidden_states.shape), router_logits
+
+
+class Qwen3MoeAttention(nn.Module):
+    """Llama's attention with an RMSNorm over each query and key head (`q_norm`, `k_norm`: `[head_dim]` weights
+    shared by the heads), applied before the rotary positions."""
+
+    def __init__(self, config: Qwen3MoeConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = head_dim(config)
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        q_dim, kv_dim = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_dim, config.hidden_size, bias=config.attention_bias)
+        self.q_norm = Qwen3MoeRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3MoeRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    # Copied from transformers_static.models.qwen3.modeling_qwen3.Qwen3Attention.forward
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor,
+        cache_position: torch.Tensor,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        batch, q_len, _ = hidden_states.shape
+        hidden_shape = (batch, q_len, -1, self.head_dim)
+        # Normed per head on [batch, q_len, heads, head_dim], then [batch, heads, q_len, head_dim].
+        query = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+        key = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)  # [.., kv_heads, ..]
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        attn_output = attention_forward(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            cache_position=cache_position,
+            past_key_values=past_key_values,
+            scaling=self.scaling,
+            dropout=self.attention_dropout,
+        )  # [batch, q_len, heads * head_dim]
+        return self.o_proj(attn_output)
+
+
+class Qwen3MoeDecoderLayer(nn.Module):
+    """Attention, then the sparse MLP (returning the layer's router logits too) or, off the sparse layers, a dense
+    one (no router logits)."""
+
+    def __init__(self, config: Qwen3MoeConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attention_type = attention_type(config, layer_idx)
+        self.self_attn = Qwen3MoeAttention(config, layer_idx)
+        self.sparse = config.is_sparse_layer(layer_idx)
+        self.mlp = Qwen3MoeSparseMoeBlock(config) if self.sparse else Qwen3MoeMLP(config)
+        self.input_layernorm = Qwen3MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        inputs: AttentionInputs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        residual = hidden_states
+        hidden_states = self.self_attn(
+            self.input_layernorm(hidden_states),
+            position_embeddings,
+            attention_mask=inputs.masks[self.attention_type],
+            cache_position=inputs.cache_position,
+            past_key_values=inputs.past_key_values,
+        )
+        hidden_states = residual + hidden_states
+        normed = self.post_attention_layernorm(hidden_states)
+        if not self.sparse:
+            return hidden_states + self.mlp(normed), None
+        mlp_output, router_logits = self.mlp(normed)
+        return hidden_states + mlp_output, router_logits
+
+
+# Copied from transformers_static.models.mixtral.modeling_mixtral.MixtralPreTrainedModel with Mixtral->Qwen3Moe
+class Qwen3MoePreTrainedModel(PreTrainedModel):
+    config_class = Qwen3MoeConfig
+    base_model_prefix = "model"
+
+    def _init_module(self, module: nn.Module) -> None:
+        """Linear layers and embeddings as every model; the stacked experts and the router normal too."""
+        super()._init_module(module)
+        if isinstance(module, (Qwen3MoeExperts, Qwen3MoeTopKRouter)):
+            for param in module.parameters(recurse=False):
+                nn.init.normal_(param, std=self.config.initializer_range)
+
+
+# Copied from transformers_static.models.mixtral.modeling_mixtral.MixtralModel with Mixtral->Qwen3Moe
+class Qwen3MoeModel(Qwen3MoePreTrainedModel):
+    def __init__(self, config: Qwen3MoeConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = Qwen3MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3MoeRotaryEmbedding(config)
+        self.mask_converters = mask_converters(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        cache_position: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_router_logits: bool | None = None,
+    ) -> MoeModelOutputWithPast:
+        """Also `router_logits` (one `[batch * q_len, experts]` per sparse layer) with `output_router_logits`
+        (default: the config's)."""
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens)  # [batch, q_len, hidden]
+        inputs = prepare_attention_inputs(
+            self,
+            inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            cache_position=cache_position,
+            use_cache=use_cache,
+        )
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, inputs.position_ids)
+        router_logits = []
+        for layer in self.layers:
+            hidden_states, layer_router_logits = layer(hidden_states, position_embeddings, inputs)
+            if layer_router_logits is not None:
+                router_logits.append(layer_router_logits)
+        hidden_states = self.norm(hidden_states)
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        return MoeModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            past_key_values=inputs.past_key_values,
+            router_logits=tuple(router_logits) if output_router_logits else None,
+        )
+
+
+# Copied from transformers_static.models.mixtral.modeling_mixtral.MixtralForCausalLM with Mixtral->Qwen3Moe
+class Qwen3MoeForCausalLM(MoeCausalLMMixin, Qwen3MoePreTrainedModel):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
+
+    def __init__(self, config: Qwen3MoeConfig) -> None:
+        super().__init__(config)
+        self.model = Qwen3MoeModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()

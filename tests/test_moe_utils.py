@@ -1,0 +1,375 @@
+"""The shared expert computation (moe_utils): both static formulations against upstream's per-expert loop, for the
+`[E, out, in]` layout (Mixtral, Qwen3-MoE) and the transposed one with biases (gpt-oss), float and int8; one graph
+for every routing; the per-expert checkpoint layout; and the load-balancing loss against upstream's."""
+
+from __future__ import annotations
+
+import operator
+import os
+import shutil
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+import torch._dynamo
+import transformers
+from parameterized import parameterized
+from safetensors.torch import load_file
+from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend, EagerAndRecordGraphs
+from transformers.models.gpt_oss import modeling_gpt_oss as upstream_gpt_oss
+from transformers.models.mixtral import modeling_mixtral as upstream_mixtral
+
+from transformers_static import AutoModelForCausalLM, moe_utils
+from transformers_static.integrations.tensor_parallel import TensorParallel, load_tensor_parallel
+from transformers_static.models.gpt_oss.configuration_gpt_oss import GptOssConfig
+from transformers_static.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+from transformers_static.models.mixtral.configuration_mixtral import MixtralConfig
+from transformers_static.models.mixtral.modeling_mixtral import MixtralDecoderLayer, MixtralExperts
+from transformers_static.moe_utils import gathers, load_balancing_loss, rename_in_checkpoint
+from transformers_static.quantization.int8 import quantize_weight
+
+SIZES = dict(hidden_size=16, intermediate_size=12, num_local_experts=6, num_experts_per_tok=2)
+EXPERTS = {"mixtral": (MixtralExperts, MixtralConfig), "gpt_oss": (GptOssExperts, GptOssConfig)}
+
+
+def experts_pair(kind: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
+    """Ours and upstream's experts module with the same random weights (biases included)."""
+    ours_class, config_class = EXPERTS[kind]
+    config = config_class(**SIZES, swiglu_limit=1.0)
+    upstream_module = upstream_mixtral if kind == "mixtral" else upstream_gpt_oss
+    theirs_config = getattr(transformers, config_class.__name__)(**SIZES, swiglu_limit=1.0)
+    theirs = getattr(upstream_module, f"{ours_class.__name__}")(theirs_config)
+    ours = ours_class(config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in ours.named_parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+            theirs.get_parameter(name).data = param.detach().clone()
+    return ours.to(dtype), theirs.to(dtype)
+
+
+def routing(tokens: int, seed: int = 1, top_k: int = 2, experts: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random distinct experts per token `[tokens, top_k]` and weights summing to 1."""
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.rand(tokens, experts, generator=generator).topk(top_k, dim=-1).indices
+    weights = torch.rand(tokens, top_k, generator=generator).softmax(-1)
+    return index, weights
+
+
+@pytest.mark.parametrize("kind", sorted(EXPERTS))
+@pytest.mark.parametrize("tokens", [1, 2, 7])  # 1 and 2 gathered (2 * 2 < 6), 7 dense
+def test_both_formulations_equal_upstream_s_loop(kind: str, tokens: int) -> None:
+    ours, theirs = experts_pair(kind)
+    x = torch.randn(tokens, 16, generator=torch.Generator().manual_seed(2))
+    index, weights = routing(tokens)
+    expected = theirs(x, index, weights)
+    torch.testing.assert_close(ours(x, index, weights), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours._gathered(x, index, weights), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours._dense(x, index, weights), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_formulation_follows_the_weights_it_would_read() -> None:
+    """Gathered while the chosen experts (tokens * top_k) are fewer than all of them, dense from there."""
+    assert [gathers(tokens, 2, 8) for tokens in (1, 3, 4, 32)] == [True, True, False, False]
+    ours, _ = experts_pair("mixtral")
+    for tokens, formulation in ((2, "_gathered"), (3, "_dense")):
+        index, weights = routing(tokens)
+        with mock.patch.object(type(ours), formulation, wraps=getattr(ours, formulation)) as spy:
+            ours(torch.randn(tokens, 16), index, weights)
+        assert spy.call_count == 1, (tokens, formulation)
+
+
+@pytest.mark.parametrize("kind", sorted(EXPERTS))
+def test_half_precision_and_gradients_match_upstream(kind: str) -> None:
+    ours, theirs = experts_pair(kind, torch.bfloat16)
+    x = torch.randn(7, 16, dtype=torch.bfloat16)
+    index, weights = routing(7)
+    torch.testing.assert_close(ours(x, index, weights), theirs(x, index, weights), atol=3e-2, rtol=3e-2)
+    ours, theirs = experts_pair(kind)
+    for tokens in (2, 7):
+        x = torch.randn(tokens, 16)
+        index, weights = routing(tokens)
+        ours.zero_grad()
+        theirs.zero_grad()
+        ours(x, index, weights).square().sum().backward()
+        theirs(x, index, weights).square().sum().backward()
+        for name, param in theirs.named_parameters():
+            torch.testing.assert_close(ours.get_parameter(name).grad, param.grad, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_an_expert_no_token_chose_cannot_poison_the_dense_sum() -> None:
+    """Dense computes every expert; one that overflows (inf weights) but was not chosen must not turn the output
+    into NaN (a product by a zero routing weight would)."""
+    ours, _ = experts_pair("mixtral")
+    x = torch.randn(5, 16)
+    index, weights = routing(5)
+    expected = ours(x, index, weights)
+    unused = next(e for e in range(6) if e not in index)
+    with torch.no_grad():
+        ours.down_proj[unused].fill_(float("inf"))
+    torch.testing.assert_close(ours(x, index, weights), expected)
+
+
+@pytest.mark.parametrize("kind", sorted(EXPERTS))
+@pytest.mark.parametrize("tokens", [2, 7])
+def test_int8_experts_equal_their_dequantized_float_weights(kind: str, tokens: int) -> None:
+    """Per-expert, per-output-channel scales `[E, out]` are applied in both formulations (and under compile)."""
+    ours, _ = experts_pair(kind)
+    x = torch.randn(tokens, 16)
+    index, weights = routing(tokens)
+    for name in ours.stacked_weights:
+        weight = getattr(ours, name)
+        rows = weight.transpose(-1, -2) if ours.transposed else weight  # [E, out, in]
+        quantized, scale = zip(*(quantize_weight(w, torch.float32) for w in rows), strict=True)
+        quantized, scale = torch.stack(quantized), torch.stack(scale)  # [E, out, in], [E, out]
+        dequantized = quantized.float() * scale[..., None]
+        with torch.no_grad():
+            weight.copy_(dequantized.transpose(-1, -2) if ours.transposed else dequantized)
+        int8 = quantized.transpose(-1, -2) if ours.transposed else quantized
+        setattr(ours, f"{name}_int8", (int8.contiguous(), scale))
+    expected = ours(x, index, weights)
+    for name in ours.stacked_weights:
+        int8, scale = getattr(ours, f"{name}_int8")
+        del ours._parameters[name]
+        ours.register_buffer(name, int8)
+        ours.register_buffer(f"{name}_scale", scale)
+    torch.testing.assert_close(ours(x, index, weights), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(compiled(ours)(x, index, weights), expected, atol=1e-5, rtol=1e-5)
+
+
+def compiled(module: nn.Module, backend: str | CompileCounterWithBackend = "eager"):
+    torch._dynamo.reset()
+    return torch.compile(module, backend=backend, fullgraph=True, dynamic=False)
+
+
+@pytest.mark.parametrize("kind", sorted(EXPERTS))
+def test_one_graph_for_every_routing(kind: str) -> None:
+    """fullgraph compiles (no data-dependent shapes, no host reads), and other routings reuse the graph."""
+    ours, theirs = experts_pair(kind)
+    for tokens in (2, 7):
+        counter = CompileCounterWithBackend("eager")
+        step = compiled(ours, counter)
+        x = torch.randn(tokens, 16)
+        for seed in (1, 2, 3):
+            index, weights = routing(tokens, seed)
+            with torch._dynamo.config.patch(error_on_recompile=seed > 1):
+                torch.testing.assert_close(step(x, index, weights), theirs(x, index, weights), atol=1e-5, rtol=1e-5)
+        assert counter.frame_count == 1
+
+
+def test_the_compiled_decode_graph_indexes_the_stacked_weights() -> None:
+    """The gathered product under compile is a reduction over the weights indexed by the routing (which inductor
+    turns into a loop reading only those rows), not a product with every expert."""
+    ours, _ = experts_pair("mixtral")
+    backend = EagerAndRecordGraphs()
+    index, weights = routing(2)
+    compiled(ours, backend)(torch.randn(2, 16), index, weights)
+    (graph,) = backend.graphs
+    targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
+    indexed = [n for n in graph.graph.nodes if n.target is operator.getitem and "proj" in str(n.args[0])]
+    assert len(indexed) == 2, graph.code  # gate_up_proj[index], down_proj[index]
+    assert torch.matmul not in targets and torch.bmm not in targets
+    assert not {torch.nonzero, torch.where} & set(targets)
+
+
+def test_checkpoint_holds_one_matrix_per_expert_and_loads_back() -> None:
+    """Mixtral's layout: `{e}.w1.weight` (gate rows), `{e}.w3.weight` (up rows), `{e}.w2.weight`; int8 scales
+    split the same way; loading stacks them again."""
+    ours, _ = experts_pair("mixtral")
+    state = ours.state_dict()
+    assert sorted(state) == sorted(f"{e}.{w}.weight" for e in range(6) for w in ("w1", "w2", "w3"))
+    torch.testing.assert_close(state["4.w3.weight"], ours.gate_up_proj[4, 12:])
+    fresh = MixtralExperts(MixtralConfig(**SIZES))
+    fresh.load_state_dict({k: v.clone() for k, v in state.items()})
+    torch.testing.assert_close(fresh.gate_up_proj, ours.gate_up_proj, atol=0, rtol=0)
+    ours.register_buffer("gate_up_proj_scale", torch.arange(6 * 24.0).reshape(6, 24))
+    state = ours.state_dict()
+    torch.testing.assert_close(state["2.w3.weight_scale"], torch.arange(2 * 24 + 12.0, 3 * 24))
+    fresh.register_buffer("gate_up_proj_scale", torch.zeros(6, 24))
+    fresh.load_state_dict(state)
+    torch.testing.assert_close(fresh.gate_up_proj_scale, ours.gate_up_proj_scale, atol=0, rtol=0)
+    incomplete = {k: v for k, v in state.items() if k != "5.w1.weight"}
+    with pytest.raises(RuntimeError, match="Missing key.*gate_up_proj"):
+        fresh.load_state_dict(incomplete)
+
+
+def test_a_child_saved_under_its_checkpoint_name() -> None:
+    layer = MixtralDecoderLayer(MixtralConfig(**SIZES, num_attention_heads=2, num_key_value_heads=1), 0)
+    keys = set(layer.state_dict())
+    assert "block_sparse_moe.gate.weight" in keys and "block_sparse_moe.experts.5.w2.weight" in keys
+    assert not [key for key in keys if key.startswith("mlp.")]
+    other = MixtralDecoderLayer(MixtralConfig(**SIZES, num_attention_heads=2, num_key_value_heads=1), 0)
+    other.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(other.mlp.gate.weight, layer.mlp.gate.weight, atol=0, rtol=0)
+
+
+def test_no_rename_hook_without_the_child() -> None:
+    module = nn.Module()
+    module.mlp = nn.Linear(2, 2)
+    rename_in_checkpoint(module, "mlp", "block_sparse_moe")
+    assert set(module.state_dict()) == {"block_sparse_moe.weight", "block_sparse_moe.bias"}
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_load_balancing_loss_equals_upstream_s(masked: bool, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(4)
+    logits = tuple((torch.randn(3 * 5, 6, generator=generator) * 2).to(dtype) for _ in range(3))
+    mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]]) if masked else None
+    expected = upstream_mixtral.load_balancing_loss_func(logits, 6, 2, mask)
+    torch.testing.assert_close(load_balancing_loss(logits, 6, 2, mask), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_softmax_top_k_normalises_on_request() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    weights, index = moe_utils.softmax_top_k(logits, 2, normalize=False)
+    assert index.tolist() == [[3, 2]] and weights.sum().item() < 0.99
+    weights, _ = moe_utils.softmax_top_k(logits, 2, normalize=True)
+    torch.testing.assert_close(weights.sum(), torch.tensor(1.0))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny float checkpoints saved by upstream: Mixtral (experts saved one matrix each) and gpt-oss (stacked)."""
+    root = tmp_path_factory.mktemp("moe")
+    shared = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    configs = {
+        "mixtral": transformers.MixtralConfig(**shared, intermediate_size=48, num_local_experts=8),
+        "gpt_oss": transformers.GptOssConfig(**shared, intermediate_size=24, head_dim=8, num_local_experts=8),
+    }
+    paths = {}
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.1)
+        paths[name] = root / name
+        model.save_pretrained(paths[name])
+    return paths
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
+def test_int8_quantizes_every_expert_per_output_channel(
+    name: str, checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """quantization="int8": the stacked experts become int8 of their own shape with `[experts, out]` scales (the
+    router stays float); the logits stay near float's; a saved int8 checkpoint loads back exactly (Mixtral's in its
+    per-expert layout, as Int8Linear names its tensors); compiled decode is one graph."""
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    float_model = AutoModelForCausalLM.from_pretrained(checkpoints[name])
+    model = AutoModelForCausalLM.from_pretrained(checkpoints[name], quantization="int8")
+    experts, float_experts = model.model.layers[0].mlp.experts, float_model.model.layers[0].mlp.experts
+    out_dim = 2 if experts.transposed else 1
+    for weight in experts.stacked_weights:
+        int8, scale = getattr(experts, weight), getattr(experts, f"{weight}_scale")
+        assert int8.dtype == torch.int8 and int8.shape == getattr(float_experts, weight).shape
+        assert scale.shape == (8, int8.shape[out_dim]) and scale.dtype == torch.float32
+    router = [p for n, p in model.named_parameters() if ".mlp." in n and "experts" not in n]
+    assert router and all(p.dtype == torch.float32 for p in router)
+    with torch.no_grad():
+        expected, logits = float_model(ids).logits, model(ids).logits
+    assert (logits - expected).abs().max() < 0.05 * expected.abs().max()
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    if name == "mixtral":
+        assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight"].dtype == torch.int8
+        assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight_scale"].shape == (48,)
+    else:
+        assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, logits, atol=0, rtol=0)
+    counter = CompileCounterWithBackend("eager")
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend=counter, fullgraph=True, dynamic=False)
+    try:
+        tokens = model.generate(ids, max_new_tokens=4, eos_token_id=None)
+    finally:
+        del model.forward
+        torch._dynamo.reset()
+    assert counter.frame_count == 2  # prefill and decode
+    torch.testing.assert_close(tokens, reloaded.generate(ids, max_new_tokens=4, eos_token_id=None), atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------- tensor parallelism
+TP_SHARED = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, worker options)
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(TP_SHARED, intermediate_size=48, sliding_window=5), {}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(TP_SHARED, intermediate_size=64, moe_intermediate_size=24, num_experts=8, mlp_only_layers=[0]),
+        {"graphs": False},
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(TP_SHARED, intermediate_size=24, head_dim=8, num_local_experts=8, sliding_window=5),
+        {"attn": "eager", "graphs": False},
+    ),
+}
+
+
+class MoeTensorParallelTest(unittest.TestCase):
+    """tp_plan="auto" on two gloo processes against one process (tests/tensor_parallel_worker.py): each expert's
+    intermediate features split across the ranks, the routing replicated, the experts' sums all-reduced; gpt-oss's
+    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        from tests.test_tensor_parallel import run_ranks, save_upstream
+
+        transformers.utils.logging.disable_progress_bar()
+        cls.tmpdir = tempfile.mkdtemp()
+        specs = []
+        for name, (config_class, model_class, kwargs, options) in TP_CHECKPOINTS.items():
+            path = os.path.join(cls.tmpdir, name)
+            save_upstream(path, config_class, model_class, kwargs)
+            specs.append({"name": name, "path": path, "attn": "sdpa", "graphs": True, **options})
+        cls.ranks = run_ranks(cls.tmpdir, specs, {})
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+    def results(self, name: str) -> list[dict]:
+        results = [rank["checkpoints"][name] for rank in self.ranks]
+        for rank, result in enumerate(results):
+            if "error" in result:
+                self.fail(f"rank {rank}, {name}:\n{result['error']}")
+        return results
+
+    @parameterized.expand(TP_CHECKPOINTS)
+    def test_logits_and_tokens_equal_one_process(self, name: str) -> None:
+        results = self.results(name)
+        self.assertEqual(len({result["logits_digest"] for result in results}), 1, "ranks' logits differ bitwise")
+        for result in results:
+            self.assertLessEqual(result["max_abs_diff"], 1e-5)
+            self.assertEqual(result["tokens"], result["single_tokens"])
+            self.assertEqual(result["dynamic_tokens"], result["single_tokens"])
+
+    @parameterized.expand(TP_CHECKPOINTS)
+    def test_each_rank_holds_half_of_the_experts_weights(self, name: str) -> None:
+        """The experts are most of these models: each rank's resident bytes are well under the whole model's
+        (replicated: embeddings, norms, routers, and the head's padding)."""
+        for result in self.results(name):
+            self.assertLessEqual(result["bytes"], result["replicated_bytes"] + result["full_bytes"] / 2)
+            self.assertLess(result["bytes"], 0.75 * result["full_bytes"])
+
+    def test_compiles_two_graphs_then_none(self) -> None:
+        for result in self.results("mixtral"):
+            self.assertEqual(result["graphs"], [2, 2])
+
+
+def test_an_expert_width_that_does_not_divide_is_refused() -> None:
+    """Every check before any module changes: an intermediate size odd on 2 ranks names the experts module."""
+    config = MixtralConfig(**{**SIZES, "intermediate_size": 13}, num_attention_heads=2, num_key_value_heads=1)
+    model = AutoModelForCausalLM.from_config(config)
+    tp = TensorParallel(rank=0, world_size=2, device=torch.device("cpu"), group=None)
+    with pytest.raises(ValueError, match=r"cannot split model\.layers\.0\.mlp\.experts \(experts\): 13 features"):
+        load_tensor_parallel(model, {}, tp)
