@@ -78,3 +78,144 @@ def test_static_cache_seq_length_counts_written_slots_like_upstream() -> None:
         ours.update(states(1, 3, 1.0), states(1, 3, 1.0), layer, torch.arange(3))
         theirs.update(states(1, 3, 1.0), states(1, 3, 1.0), layer, cache_kwargs={"cache_position": torch.arange(3)})
     assert ours.get_seq_length() == int(theirs.get_seq_length()) == 3
+
+
+# ---------------------------------------------------------------------- sliding-window rings
+def gemma2_like(**kwargs) -> dict:
+    """Alternating sliding (window 4) and full layers, as upstream's Gemma2 lays them out."""
+    sizes = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4, num_hidden_layers=4)
+    return {**sizes, "sliding_window": 4, **kwargs}
+
+
+def test_sliding_layers_get_a_ring_of_window_plus_chunk_slots() -> None:
+    """Gemma2 alternates kinds, Qwen2 slides above max_window_layers, Mistral slides everywhere: each sliding layer
+    holds W - 1 + chunk slots (never written: -1), each full layer max_cache_len; a ring no shorter than the cache
+    is not kept as a ring."""
+    from transformers_static import Gemma2Config, MistralConfig, Qwen2Config
+
+    cache = StaticCache(Gemma2Config(**gemma2_like()), max_batch_size=2, max_cache_len=16, prefill_chunk_size=3)
+    assert [tuple(k.shape) for k in cache.key_cache] == [(2, 2, 6, 4), (2, 2, 16, 4)] * 2
+    assert cache.layer_windows == [4, None, 4, None] and cache.ring_windows == {"sliding_attention": 4}
+    assert cache.ring_cache_positions["sliding_attention"].tolist() == [-1] * 6
+    assert [k.shape[2] for k in StaticCache(Gemma2Config(**gemma2_like()), 1, 6, prefill_chunk_size=3).key_cache] == [
+        6
+    ] * 4
+    qwen2 = Qwen2Config(**gemma2_like(), use_sliding_window=True, max_window_layers=3)
+    assert [k.shape[2] for k in StaticCache(qwen2, 1, 64).key_cache] == [64] * 3 + [35]  # default chunk: 32
+    mistral = MistralConfig(**gemma2_like())
+    assert [k.shape[2] for k in StaticCache(mistral, 1, 64, prefill_chunk_size=1).key_cache] == [4] * 4
+
+
+def test_rings_cache_this_ranks_kv_heads_under_tensor_parallel() -> None:
+    from transformers_static import Gemma2Config
+
+    config = Gemma2Config(**gemma2_like())
+    config._tp_size, config._tp_rank = 2, 1
+    assert [tuple(k.shape) for k in StaticCache(config, 1, 16, prefill_chunk_size=3).key_cache] == [
+        (1, 1, 6, 4),
+        (1, 1, 16, 4),
+    ] * 2
+
+
+def ring_cache() -> StaticCache:
+    """Window 4, room for chunks of 3: a ring of 6 slots on layers 0 and 2."""
+    from transformers_static import Gemma2Config
+
+    return StaticCache(Gemma2Config(**gemma2_like()), max_batch_size=1, max_cache_len=32, prefill_chunk_size=3)
+
+
+def write(cache: StaticCache, positions: list[int], layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write tokens whose keys are their positions (as the model's forward does: positions, then layers)."""
+    cache_position = torch.tensor(positions)
+    cache.update_ring_positions(cache_position)
+    states = cache_position.float()[None, None, :, None].expand(1, 2, len(positions), 4)
+    return cache.update(states, -states, layer, cache_position)
+
+
+def test_ring_writes_position_p_to_slot_p_mod_slots() -> None:
+    cache = ring_cache()
+    address = cache.key_cache[0].data_ptr()
+    for start in range(0, 9, 3):  # chunks of the room: written in place
+        keys, _ = write(cache, list(range(start, start + 3)))
+        assert keys.shape == (1, 2, 6, 4) and keys.data_ptr() == address
+    assert keys[0, 0, :, 0].tolist() == [6, 7, 8, 3, 4, 5]
+    assert cache.ring_cache_positions["sliding_attention"].tolist() == [6, 7, 8, 3, 4, 5]
+    keys, _ = write(cache, [9])
+    assert keys[0, 0, :, 0].tolist() == [6, 7, 8, 9, 4, 5]
+
+
+def test_more_tokens_than_the_room_attend_the_ring_then_themselves() -> None:
+    """4 new tokens (room 3): attention sees the ring as it was, then the new states (upstream's
+    StaticSlidingWindowLayer); the ring keeps them. 8 (more than the ring): it keeps the last 6."""
+    cache = ring_cache()
+    write(cache, [0, 1, 2])
+    before = cache.ring_key_positions(torch.arange(3, 7))["sliding_attention"]
+    assert before.tolist() == [0, 1, 2, -1, -1, -1, 3, 4, 5, 6]
+    keys, values = write(cache, [3, 4, 5, 6])
+    assert keys.shape == (1, 2, 10, 4) and keys[0, 0, :, 0].tolist() == [0, 1, 2, 0, 0, 0, 3, 4, 5, 6]
+    assert torch.equal(values, -keys)
+    assert cache.key_cache[0][0, 0, :, 0].tolist() == [6, 1, 2, 3, 4, 5]
+    keys, _ = write(cache, list(range(7, 15)))
+    assert keys.shape == (1, 2, 14, 4)
+    assert cache.key_cache[0][0, 0, :, 0].tolist() == [12, 13, 14, 9, 10, 11]
+    assert cache.ring_cache_positions["sliding_attention"].tolist() == [12, 13, 14, 9, 10, 11]
+
+
+def test_ring_positions_are_computed_before_and_recorded_apart() -> None:
+    """What a forward's masks read (the ring after the write; stale copies of positions written again hidden) is
+    computed without writing; only update_ring_positions records it."""
+    cache = ring_cache()
+    write(cache, [0, 1, 2])
+    assert cache.ring_key_positions(torch.tensor([3]))["sliding_attention"].tolist() == [0, 1, 2, 3, -1, -1]
+    assert cache.ring_cache_positions["sliding_attention"].tolist() == [0, 1, 2, -1, -1, -1]
+    again = cache.ring_key_positions(torch.arange(1, 5))["sliding_attention"]  # 4 tokens: over the room
+    assert again.tolist() == [0, -1, -1, -1, -1, -1, 1, 2, 3, 4]
+
+
+def test_two_tokens_of_one_forward_in_one_ring_slot_are_refused() -> None:
+    cache = ring_cache()
+    with pytest.raises(ValueError, match=r"writes two tokens to one slot of the sliding_attention layers' ring \(6"):
+        cache.validate(1, torch.tensor([1, 7]))
+    cache.validate(1, torch.arange(7, 13))  # six distinct slots
+
+
+def test_reset_forgets_the_rings() -> None:
+    cache = ring_cache()
+    write(cache, [0, 1, 2])
+    cache.reset()
+    assert cache.ring_cache_positions["sliding_attention"].tolist() == [-1] * 6
+    assert not cache.key_cache[0].any()
+
+
+@pytest.mark.parametrize("config_name", ["Gemma2Config", "MistralConfig"])
+def test_seq_length_of_ring_caches_counts_like_upstream(config_name: str) -> None:
+    """Gemma2 (a full layer to count) and Mistral (rings only), 3 then 12 tokens: upstream counts the tokens."""
+    import transformers_static
+
+    kwargs = gemma2_like()
+    ours = StaticCache(getattr(transformers_static, config_name)(**kwargs), 1, 32, prefill_chunk_size=3)
+    theirs = transformers.StaticCache(config=getattr(transformers, config_name)(**kwargs), max_cache_len=32)
+    for positions in (torch.arange(3), torch.arange(3, 15)):
+        ours.update_ring_positions(positions)
+        for layer in range(4):
+            fill = states(1, len(positions), 1.0)
+            ours.update(fill, fill, layer, positions)
+            theirs.update(fill, fill, layer, cache_kwargs={"cache_position": positions})
+        assert ours.get_seq_length() == int(theirs.get_seq_length()) == positions[-1] + 1
+
+
+def test_ring_cache_bytes_against_upstream_at_8192() -> None:
+    """Gemma2-like at max_cache_len 8192 (window 4096, chunk 32): the sliding layers hold 4096 + 31 slots
+    (upstream: 4096), the full ones 8192; both far below full length everywhere."""
+    from transformers_static import Gemma2Config
+
+    kwargs = gemma2_like(sliding_window=4096, num_hidden_layers=6)
+    ours = StaticCache(Gemma2Config(**kwargs), 1, 8192, dtype=torch.bfloat16, device="meta")
+    theirs = transformers.StaticCache(config=transformers.Gemma2Config(**kwargs), max_cache_len=8192)
+    theirs.early_initialization(1, 2, 4, torch.bfloat16, torch.device("meta"))
+    slot = 2 * 2 * 4 * 2  # keys and values, kv_heads, head_dim, bf16 bytes
+    ours_bytes = sum(t.numel() * t.element_size() for t in (*ours.key_cache, *ours.value_cache))
+    theirs_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in theirs.layers)
+    assert theirs_bytes == 3 * (4096 + 8192) * slot
+    assert ours_bytes == theirs_bytes + 3 * 31 * slot
+    assert ours_bytes < 0.76 * 6 * 8192 * slot

@@ -18,6 +18,8 @@ from transformers_static.attention_utils import attention_forward
 from transformers_static.cache_utils import DynamicCache
 from transformers_static.generation.compilation import compile_forward, decoder_layers, default_strategy
 
+from .models.causal_lm_tester import count_graphs
+
 VOCAB = 64
 
 CONFIGS = {
@@ -26,8 +28,8 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4,
         num_key_value_heads=2,
     ),
-    # Sliding layers above full ones: a layer of the other kind is traced again (its kind is guarded) and, its
-    # graph being the same with the other mask as input, calls the same compiled body.
+    # Sliding layers above full ones: their slots are a ring shorter than the cache, so they share a second
+    # compiled body.
     "qwen2": transformers.Qwen2Config(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, use_sliding_window=True, max_window_layers=2, sliding_window=3,
@@ -54,7 +56,7 @@ def left_padded(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch
 
 
 def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) -> None:
-    """One graph for the step, on the first call only; in it, every layer calls one compiled region."""
+    """One graph for the step, on the first call only; in it, the layers of one slot layout call one compiled region."""
     _, path = arch
     model = AutoModelForCausalLM.from_pretrained(path)
     calls = [(left_padded(2, 7, 0), 8), (left_padded(2, 12, 1), 13)]
@@ -74,7 +76,9 @@ def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) ->
     (graph,) = backend.graphs
     calls = [node for node in graph.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
     assert len(calls) == model.config.num_hidden_layers
-    assert len({node.args[0].target for node in calls}) == 1
+    cache = model._generation_cache[1]
+    layouts = {(keys.shape, window) for keys, window in zip(cache.key_cache, cache.layer_windows, strict=True)}
+    assert len({node.args[0].target for node in calls}) == len(layouts)  # one body per slot layout (qwen2: 2)
 
 
 def test_other_caches_run_the_plain_compiled_forward(arch: tuple[str, Path]) -> None:
@@ -151,3 +155,18 @@ def test_two_models_of_one_class_never_share_a_graph_they_differ_in(
             torch.testing.assert_close(got.logits[-1], expected.logits[-1], rtol=1e-5, atol=1e-5)
     finally:
         torch._dynamo.reset()
+
+
+def test_one_prompt_at_a_time_compiles_nothing_new_for_another_prompt_length(tmp_path: Path) -> None:
+    """Batch 1, prompts of 10 then 40 tokens (one then two prefill chunks): a prefill chunk sliced from a longer
+    prompt keeps that prompt's stride on its size-1 batch dim unless copied, which would guard the prefill graph on
+    the prompt length (a recompile per length)."""
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    calls = [
+        dict(input_ids=torch.randint(3, VOCAB, (1, length)), max_new_tokens=3, eos_token_id=None)
+        for length in (10, 40)
+    ]
+    counts, _ = count_graphs(model, calls, then_no_recompile=True, backend="eager")
+    assert counts == [2, 2]

@@ -186,3 +186,109 @@ def test_bias_is_folded_into_the_mask() -> None:
     assert folded[0, 2].tolist() == [[0.5, lowest], [0.5, -1.0]]
     additive = torch.zeros(1, 1, 2, 2).masked_fill(~mask, torch.finfo(torch.float32).min)
     assert torch.equal(AttentionMaskConverter.with_bias(additive, bias, torch.float16), folded)
+
+
+# ---------------------------------------------------------------------- sliding-window rings
+RING = torch.tensor([4, 5, 2, 3, -1])  # slot j holds cache position RING[j]; slot 4 never written
+RING_PADDING = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])  # over cache positions 0..7
+
+
+def ring_mask(attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
+    converter = AttentionMaskConverter(sliding_window=3)
+    shapes = dict(batch_size=2, q_len=2, kv_len=8, cache_position=torch.tensor([4, 5]))
+    return converter.to_4d(attention_mask, **shapes, key_cache_positions=RING, **kwargs)
+
+
+def test_ring_mask_reads_each_slots_position() -> None:
+    """Queries at 4 and 5 over a ring's slots: window, causality and row 0's padding (positions 0-2) read at each
+    slot's position, the never-written slot closed."""
+    mask = ring_mask(RING_PADDING)
+    assert mask.shape == (2, 1, 2, 5)
+    assert as_int(mask[0, 0]) == [
+        [1, 0, 0, 1, 0],  # q=4: positions 2 (padding), 3, 4
+        [1, 1, 0, 1, 0],  # q=5: positions 3, 4, 5
+    ]
+    assert as_int(mask[1, 0]) == [
+        [1, 0, 1, 1, 0],
+        [1, 1, 0, 1, 0],
+    ]
+
+
+def test_never_written_ring_slots_stay_closed_at_the_start() -> None:
+    """Position -1 lies inside the window of the first queries (q - W < -1): only the written-slot predicate
+    closes it."""
+    mask = AttentionMaskConverter(sliding_window=3).to_4d(
+        None,
+        batch_size=1,
+        q_len=1,
+        kv_len=8,
+        cache_position=torch.tensor([0]),
+        key_cache_positions=torch.tensor([0, -1, -1]),
+    )
+    assert as_int(mask[0, 0]) == [[1, 0, 0]]
+
+
+def test_a_4d_mask_over_cache_positions_is_read_at_the_ring_slots() -> None:
+    """A user's 4D mask over all cache positions (bool or additive) gives the ring's mask; one as wide as the ring
+    is over its slots and used as given; any other width names both."""
+    converter = AttentionMaskConverter(sliding_window=3)
+    absolute = converter.to_4d(RING_PADDING, batch_size=2, q_len=2, kv_len=8, cache_position=torch.tensor([4, 5]))
+    assert torch.equal(ring_mask(absolute), ring_mask(RING_PADDING))
+    additive = torch.zeros(absolute.shape).masked_fill(~absolute, float("-inf"))
+    read = ring_mask(additive, dtype=torch.float16)
+    assert read.dtype == torch.float16 and torch.isfinite(read).all()
+    assert torch.equal(read == 0, ring_mask(RING_PADDING))
+    over_slots = torch.rand(2, 1, 2, 5) > 0.5
+    assert torch.equal(ring_mask(over_slots), over_slots)
+    with pytest.raises(ValueError, match=r"\[2, 1, 2, 8\].*or 5 wide over the keys of a sliding-window layer's ring"):
+        ring_mask(torch.ones(2, 1, 2, 6, dtype=torch.bool))
+
+
+def test_keys_a_mask_needs_but_the_ring_dropped_are_named() -> None:
+    """Ring of 5 slots holding positions 5..9, window 3: a query at 9 finds its keys; a query sent back to 6, or a
+    full-causal 4D mask, needs positions the ring no longer holds."""
+    converter = AttentionMaskConverter(sliding_window=3)
+    held = torch.tensor([5, 6, 7, 8, 9])
+
+    def missing(mask: torch.Tensor | None, position: int) -> list[int]:
+        return converter.keys_not_held(
+            mask, batch_size=1, q_len=1, kv_len=12, cache_position=torch.tensor([position]), key_cache_positions=held
+        ).tolist()
+
+    assert missing(None, 9) == [] and missing(torch.ones(1, 10), 9) == []
+    assert missing(torch.ones(1, 7), 6) == [4]
+    assert missing(torch.tensor([[0, 0, 0, 0, 0, 1, 1]]), 6) == []  # position 4 is padding: not needed
+    causal = converter.to_4d(None, batch_size=1, q_len=1, kv_len=12, cache_position=torch.tensor([9]))
+    assert missing(causal, 9) == []
+    assert missing(
+        AttentionMaskConverter().to_4d(None, batch_size=1, q_len=1, kv_len=12, cache_position=torch.tensor([9])), 9
+    ) == [0, 1, 2, 3, 4]
+    assert missing(torch.ones(1, 1, 1, 5, dtype=torch.bool), 9) == []  # over the ring's slots: nothing to check
+
+
+@pytest.mark.parametrize(("window", "slots"), [(3, 3), (3, 5), (2, 6)])
+def test_ring_decode_rows_advance_in_place(window: int, slots: int) -> None:
+    """StaticDecodeMask over a ring (as wide as the window, or wider) gives, step by step, the rows to_4d builds
+    from the ring's positions after each write, in one buffer."""
+    converter = AttentionMaskConverter(sliding_window=window)
+    padding = torch.ones(2, 16, dtype=torch.long)
+    padding[0, :3] = 0
+    held = torch.full((slots,), -1)
+    for position in range(7):  # the prompt, written in order
+        held[position % slots] = position
+    decode_mask = StaticDecodeMask(converter, padding, torch.tensor([6]), held)
+    assert decode_mask.mask.shape == (2, 1, 1, slots)
+    address = decode_mask.mask.data_ptr()
+    for position in range(7, 16):
+        held[position % slots] = position
+        row = decode_mask.advance(torch.tensor([position]))
+        expected = converter.to_4d(
+            padding,
+            batch_size=2,
+            q_len=1,
+            kv_len=16,
+            cache_position=torch.tensor([position]),
+            key_cache_positions=held,
+        )
+        assert row.data_ptr() == address
+        assert torch.equal(row, expected), position

@@ -1,10 +1,22 @@
-"""Key/value caches: DynamicCache grows by concatenation, StaticCache is allocated once and never changes shape."""
+"""Key/value caches: DynamicCache grows by concatenation, StaticCache is allocated once and never changes shape.
+
+A StaticCache gives each sliding-window layer (window W) a ring of `W - 1 + prefill_chunk_size` slots instead of
+`max_cache_len`: cache position p lives in slot `p % slots`, and the cache records which position each slot holds
+(`ring_cache_positions`), from which that layer's masks are built (`AttentionMaskConverter.to_4d`). A forward of up
+to `prefill_chunk_size` tokens writes in place and its queries find their W keys (the W - 1 before the first, the
+chunk itself) in the ring; a longer one attends the ring as it was plus its new states, as upstream's
+StaticSlidingWindowLayer does, and keeps the last `slots` of them.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from .configuration_utils import PretrainedConfig
+from .modeling_attn_mask_utils import attention_type, mask_converters
+
+# generate's default prefill chunk: the room a StaticCache's sliding-window rings leave for one forward's tokens.
+DEFAULT_PREFILL_CHUNK_SIZE = 32
 
 
 class Cache:
@@ -22,7 +34,7 @@ class Cache:
         raise NotImplementedError
 
     def kv_len(self, q_len: int) -> int:
-        """The key length attention sees once `q_len` new tokens are stored."""
+        """The key length attention sees once `q_len` new tokens are stored (ring layers: see `ring_key_positions`)."""
         raise NotImplementedError
 
     def validate(self, batch_size: int, cache_position: torch.Tensor) -> None:
@@ -32,6 +44,14 @@ class Cache:
         """Store the new tokens' positions `[batch, q_len]`; return every key slot's position `[batch, kv_len]`
         (what ALiBi needs, and what a 2D mask cannot tell when sequences are packed)."""
         raise NotImplementedError
+
+    def ring_key_positions(self, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per attention kind kept in a ring: the cache position of every key its layers attend in a forward that
+        writes `cache_position` `[q_len]` (`[keys]`, -1 where a key holds nothing). Writes nothing. None here."""
+        return {}
+
+    def update_ring_positions(self, cache_position: torch.Tensor) -> None:
+        """Record the cache positions the rings hold once `cache_position` is written (before the layers write)."""
 
 
 class DynamicCache(Cache):
@@ -70,10 +90,13 @@ class DynamicCache(Cache):
 
 
 class StaticCache(Cache):
-    """Preallocated `[max_batch_size, kv_heads, max_cache_len, head_dim]` keys and values for every layer.
+    """Keys and values for every layer, allocated once: `[max_batch_size, kv_heads, slots, head_dim]`.
 
-    Writes go to `cache_position` with `index_copy_`; attention always sees all `max_cache_len` slots and the
-    mask hides the ones not written yet, so every decode step has the same shapes.
+    Full-attention layers have `max_cache_len` slots, cache position p in slot p. Sliding-window layers (window W)
+    have a ring of `W - 1 + prefill_chunk_size` slots when that is fewer (position p in slot `p % slots`;
+    `ring_cache_positions[kind]` `[slots]` holds each slot's position, -1 never written). Writes go to their slots
+    with `index_copy_`; attention sees every slot of its layer and the mask hides the ones not written yet, stale,
+    or out of the window, so every decode step has the same shapes.
     """
 
     def __init__(
@@ -83,19 +106,39 @@ class StaticCache(Cache):
         max_cache_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        *,
+        prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK_SIZE,
     ) -> None:
-        if max_batch_size < 1 or max_cache_len < 1:
+        if max_batch_size < 1 or max_cache_len < 1 or prefill_chunk_size < 1:
             raise ValueError(
-                f"StaticCache needs max_batch_size >= 1 and max_cache_len >= 1, got {max_batch_size}, {max_cache_len}"
+                "StaticCache needs max_batch_size >= 1, max_cache_len >= 1 and prefill_chunk_size >= 1, got "
+                f"{max_batch_size}, {max_cache_len}, {prefill_chunk_size}"
             )
         self.max_batch_size = max_batch_size
         self.max_cache_len = max_cache_len
         num_layers, kv_heads, head_dim = cache_shape(config)
-        shape = (max_batch_size, kv_heads, max_cache_len, head_dim)
-        self.key_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.value_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # {kind: window} of the sliding kinds whose ring is shorter than the full length
+        self.ring_windows = {
+            kind: converter.sliding_window
+            for kind, converter in mask_converters(config).items()
+            if converter.sliding_window is not None
+            and ring_slots(converter.sliding_window, prefill_chunk_size) < max_cache_len
+        }
+        self.ring_cache_positions = {
+            kind: torch.full((ring_slots(window, prefill_chunk_size),), -1, dtype=torch.long, device=device)
+            for kind, window in self.ring_windows.items()
+        }  # per ring kind: [slots], the cache position each slot holds (-1: never written)
+        # per layer: its ring's window, None for full-length slots
+        self.layer_windows = [self.ring_windows.get(attention_type(config, i)) for i in range(num_layers)]
+        self.key_cache, self.value_cache = [], []
+        for window in self.layer_windows:
+            slots = max_cache_len if window is None else ring_slots(window, prefill_chunk_size)
+            shape = (max_batch_size, kv_heads, slots, head_dim)
+            self.key_cache.append(torch.zeros(shape, dtype=dtype, device=device))
+            self.value_cache.append(torch.zeros(shape, dtype=dtype, device=device))
         self.key_positions = torch.zeros(max_batch_size, max_cache_len, dtype=torch.long, device=device)
-        for tensor in (*self.key_cache, *self.value_cache, self.key_positions):
+        buffers = (*self.key_cache, *self.value_cache, self.key_positions, *self.ring_cache_positions.values())
+        for tensor in buffers:
             torch._dynamo.mark_static_address(tensor)
 
     def update(
@@ -106,17 +149,40 @@ class StaticCache(Cache):
     def layer(self, layer_idx: int) -> StaticLayerCache:
         """Layer `layer_idx`'s slot: what a compiled layer body gets instead of a layer index (see
         StaticLayerCache)."""
-        return StaticLayerCache(self.key_cache[layer_idx], self.value_cache[layer_idx])
+        return StaticLayerCache(self.key_cache[layer_idx], self.value_cache[layer_idx], self.layer_windows[layer_idx])
 
     def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         key_positions = self.key_positions[: position_ids.shape[0]]  # [batch, max_cache_len]
         key_positions.index_copy_(1, cache_position, position_ids)
         return key_positions
 
+    def ring_key_positions(self, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
+        positions = {}
+        for kind, window in self.ring_windows.items():
+            held = self.ring_cache_positions[kind]  # [slots]
+            slots = held.shape[0]
+            if ring_overflows(slots, window, cache_position.shape[0]):
+                # the ring as it was (a position written again now is stale there), then the new tokens
+                before = held.masked_fill(torch.isin(held, cache_position), -1)
+                positions[kind] = torch.cat([before, cache_position])  # [slots + q_len]
+            else:
+                positions[kind] = held.index_copy(0, cache_position % slots, cache_position)  # [slots]
+        return positions
+
+    def update_ring_positions(self, cache_position: torch.Tensor) -> None:
+        for held in self.ring_cache_positions.values():
+            slots = held.shape[0]
+            written = cache_position[-slots:]  # a longer forward keeps its last `slots` tokens
+            held.index_copy_(0, written % slots, written)
+
     def get_seq_length(self) -> int:
-        """Slots written so far, counted as upstream counts them: the slots of the first layer and row holding a
-        nonzero key (one host read; the static path itself never asks, it passes `cache_position`)."""
-        return int(self.key_cache[0][0].any(dim=-1).any(dim=0).sum())
+        """Slots written so far, counted as upstream counts them: the slots of the first full-length layer and row
+        holding a nonzero key; with ring layers only, one past the last position the ring holds (one host read; the
+        static path itself never asks, it passes `cache_position`)."""
+        full = [i for i, window in enumerate(self.layer_windows) if window is None]
+        if full:
+            return int(self.key_cache[full[0]][0].any(dim=-1).any(dim=0).sum())
+        return int(next(iter(self.ring_cache_positions.values())).max()) + 1
 
     def kv_len(self, q_len: int) -> int:
         return self.max_cache_len
@@ -132,31 +198,65 @@ class StaticCache(Cache):
                 f"cache_position reaches {int(cache_position.max())}, past the StaticCache's max_cache_len "
                 f"{self.max_cache_len} (valid slots 0..{self.max_cache_len - 1})"
             )
+        for kind, held in self.ring_cache_positions.items():
+            slots = held.shape[0]
+            written = cache_position[-slots:] % slots
+            if written.unique().numel() < written.numel():
+                raise ValueError(
+                    f"cache_position {cache_position.tolist()} writes two tokens to one slot of the {kind} layers' "
+                    f"ring ({slots} slots, position p in slot p % {slots}): one forward writes each slot once"
+                )
 
     def reset(self) -> None:
-        """Zero every slot in place (shapes and addresses unchanged, so compiled graphs stay valid)."""
+        """Zero every slot in place, rings unwritten (shapes and addresses unchanged, so compiled graphs stay
+        valid)."""
         for tensor in (*self.key_cache, *self.value_cache, self.key_positions):
             tensor.zero_()
+        for held in self.ring_cache_positions.values():
+            held.fill_(-1)
 
 
 class StaticLayerCache:
-    """One layer's keys and values of a StaticCache `[max_batch_size, kv_heads, max_cache_len, head_dim]`.
+    """One layer's keys and values of a StaticCache `[max_batch_size, kv_heads, slots, head_dim]`, and its ring's
+    window (None: full-length slots).
 
     Attention reaches it without a layer index (`attention_forward`), so identical decoder layers handed their
     own slot compile to one shared body: a per-layer Python int would be a constant of each compiled graph."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys, self.values = keys, values
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, window: int | None = None) -> None:
+        self.keys, self.values, self.window = keys, values, window
 
     def update_layer(
         self, key_states: torch.Tensor, value_states: torch.Tensor, cache_position: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `[batch, kv_heads, q_len, head_dim]` at `cache_position`; return all slots of the batch's rows."""
+        """Write `[batch, kv_heads, q_len, head_dim]` at `cache_position`; return what attention sees: all slots of
+        the batch's rows, or for a ring given more tokens than its room, the ring as it was then the new states."""
         batch = key_states.shape[0]
-        keys, values = self.keys[:batch], self.values[:batch]  # [batch, kv_heads, max_cache_len, head_dim]
+        keys, values = self.keys[:batch], self.values[:batch]  # [batch, kv_heads, slots, head_dim]
+        attended = keys, values
+        if self.window is not None:  # a ring: cache position p lives in slot p % slots
+            slots = keys.shape[2]
+            if ring_overflows(slots, self.window, key_states.shape[2]):
+                attended = (
+                    torch.cat([keys, key_states.to(keys.dtype)], dim=2),
+                    torch.cat([values, value_states.to(values.dtype)], dim=2),
+                )  # [batch, kv_heads, slots + q_len, head_dim], copied before the write below
+                key_states, value_states = key_states[:, :, -slots:], value_states[:, :, -slots:]
+                cache_position = cache_position[-slots:]
+            cache_position = cache_position % slots
         keys.index_copy_(2, cache_position, key_states.to(keys.dtype))
         values.index_copy_(2, cache_position, value_states.to(values.dtype))
-        return keys, values
+        return attended
+
+
+def ring_slots(window: int, prefill_chunk_size: int) -> int:
+    """Slots of a sliding-window ring: a chunk's queries need the `window - 1` keys before it and the chunk."""
+    return window - 1 + prefill_chunk_size
+
+
+def ring_overflows(slots: int, window: int, q_len: int) -> bool:
+    """Whether `q_len` new tokens exceed a ring's room (writing them in place would evict keys of their window)."""
+    return q_len > slots - window + 1
 
 
 def cache_shape(config: PretrainedConfig) -> tuple[int, int, int]:

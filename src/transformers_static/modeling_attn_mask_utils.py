@@ -17,9 +17,18 @@ materialised once per forward by broadcasting index ranges into a bool tensor `[
 
 A user's 4D mask (bool, or additive float: 0 = attend, large negative = masked) is validated and used as given.
 
+A sliding-window layer's StaticCache slots are a ring (cache_utils.StaticCache): slot j holds the key of cache
+position `key_cache_positions[j]` (-1: never written). Its mask is the same predicates with `kv_idx` read from
+there, never-written slots masked; a 2D mask, or a user's 4D mask over cache positions `[.., max_cache_len]`, is
+read at each slot's position. For a ring of 4 slots holding positions 4, 5, 2, 3 and a query at 5, W=3:
+
+    slot:      0 1 2 3
+    position:  4 5 2 3
+    q=5        ■ ■ ⬚ ■
+
 `AttentionMaskConverter` is stateless: models keep one per mask kind and call it once per forward. The
 static-buffer path is `StaticDecodeMask`, which one `generate` call owns: it allocates the decode mask
-`[batch, 1, 1, max_cache_len]` once and updates it in place before each decode step (it opens the new token's slot
+`[batch, 1, 1, slots]` once and updates it in place before each decode step (it opens the new token's slot
 and, with a window, closes the slot that left it: O(batch) writes, no allocation, no host sync).
 """
 
@@ -50,22 +59,74 @@ class AttentionMaskConverter:
         kv_len: int,
         cache_position: torch.Tensor,
         dtype: torch.dtype | None = None,
+        key_cache_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The mask attention takes, `[batch, 1, q_len, kv_len]`, from None, a 2D padding mask or a 4D mask.
 
         `kv_len` is the key length attention sees: the static cache capacity, or past + q_len without one.
         A 2D mask may be shorter than `kv_len` (a static cache not yet full): the missing slots lie in the future
         of every query and stay masked by causality. An additive 4D mask is cast to `dtype` (the model's).
+
+        `key_cache_positions` `[keys]`: the keys are a ring's (a sliding-window layer's StaticCache slots), key j
+        holding cache position `key_cache_positions[j]` (-1: none). The mask is then `[batch, 1, q_len, keys]`:
+        the predicates over those positions, keys holding none masked; a 2D mask, or a 4D mask over cache positions
+        (`kv_len` wide), is read at each key's position; a 4D mask `keys` wide is over the keys, used as given.
         """
         if attention_mask is not None and attention_mask.dim() == 4:
-            return self._check_4d(attention_mask, batch_size=batch_size, q_len=q_len, kv_len=kv_len, dtype=dtype)
+            keys = None if key_cache_positions is None else key_cache_positions.shape[0]
+            mask = self._check_4d(
+                attention_mask, batch_size=batch_size, q_len=q_len, kv_len=kv_len, dtype=dtype, keys=keys
+            )
+            if key_cache_positions is None or mask.shape[-1] != kv_len:
+                return mask
+            return self._at_keys(mask, key_cache_positions)
         padding = None
         if attention_mask is not None:
             padding = self._check_2d(attention_mask, batch_size=batch_size, q_len=q_len, kv_len=kv_len)
-        mask = self._causal(cache_position, kv_len)  # [q_len, kv_len]
+        if key_cache_positions is None:
+            mask = self._causal(cache_position, torch.arange(kv_len, device=cache_position.device))  # [q_len, kv_len]
+        else:
+            mask = self._causal(cache_position, key_cache_positions) & (key_cache_positions >= 0)  # [q_len, keys]
+            if padding is not None:
+                padding = padding[:, key_cache_positions.clamp(min=0)]  # [batch, keys]
         if padding is None:
-            return mask[None, None].expand(batch_size, 1, q_len, kv_len)
+            return mask[None, None].expand(batch_size, 1, q_len, mask.shape[-1])
         return mask[None, None] & padding[:, None, None, :]
+
+    def keys_not_held(
+        self,
+        attention_mask: torch.Tensor | None,
+        *,
+        batch_size: int,
+        q_len: int,
+        kv_len: int,
+        cache_position: torch.Tensor,
+        key_cache_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """Cache positions `[n]` that `attention_mask` (as `to_4d` takes it) lets some query attend but no ring key
+        `key_cache_positions` holds: keys the ring has dropped (written out of order, or overwritten); a mask read
+        at the ring's keys would silently miss them. Additive values below -1e4 count as masked. A 4D mask over the
+        ring's keys is not checked (it says nothing about positions)."""
+        positions = torch.arange(kv_len, device=cache_position.device)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            keys = key_cache_positions.shape[0]
+            mask = self._check_4d(attention_mask, batch_size=batch_size, q_len=q_len, kv_len=kv_len, keys=keys)
+            if mask.shape[-1] != kv_len:
+                return positions[:0]
+            allowed = mask if mask.dtype == torch.bool else mask > -1e4
+            needed = allowed.flatten(0, 2).any(0)  # [kv_len]
+        else:
+            # some query sees the position: q - W < p <= q, for the first query at or after p
+            queries = cache_position.sort().values
+            first = torch.searchsorted(queries, positions).clamp(max=q_len - 1)
+            needed = queries[first] >= positions
+            if self.sliding_window is not None:
+                needed &= queries[first] < positions + self.sliding_window
+            if attention_mask is not None:
+                needed &= self._check_2d(attention_mask, batch_size=batch_size, q_len=q_len, kv_len=kv_len).any(0)
+        held = torch.zeros(kv_len + 1, dtype=torch.bool, device=positions.device)
+        held[key_cache_positions.clamp(min=-1)] = True  # -1 (nothing held) lands in the spare last entry
+        return positions[needed & ~held[:kv_len]]
 
     @staticmethod
     def with_bias(mask: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -76,9 +137,10 @@ class AttentionMaskConverter:
             return bias.to(dtype).masked_fill(~mask, lowest)
         return (mask.to(dtype) + bias.to(dtype)).clamp(min=lowest)
 
-    def _causal(self, cache_position: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """Causal (and windowed) bool mask `[q_len, kv_len]` for queries at `cache_position`."""
-        kv_idx = torch.arange(kv_len, device=cache_position.device)[None, :]
+    def _causal(self, cache_position: torch.Tensor, key_cache_positions: torch.Tensor) -> torch.Tensor:
+        """Causal (and windowed) bool mask `[q_len, keys]` for queries at `cache_position` over keys at
+        `key_cache_positions`."""
+        kv_idx = key_cache_positions[None, :]
         q_idx = cache_position[:, None]
         mask = kv_idx <= q_idx
         if self.sliding_window is not None:
@@ -106,15 +168,24 @@ class AttentionMaskConverter:
 
     @staticmethod
     def _check_4d(
-        attention_mask: torch.Tensor, *, batch_size: int, q_len: int, kv_len: int, dtype: torch.dtype | None
+        attention_mask: torch.Tensor,
+        *,
+        batch_size: int,
+        q_len: int,
+        kv_len: int,
+        dtype: torch.dtype | None = None,
+        keys: int | None = None,
     ) -> torch.Tensor:
-        """Validate a user's 4D mask; additive masks are clamped so no row can turn into NaN."""
+        """Validate a user's 4D mask (`kv_len` wide, or `keys` wide over a ring's keys); additive masks are clamped
+        so no row can turn into NaN."""
         expected = (batch_size, 1, q_len, kv_len)
         shape = tuple(attention_mask.shape)
-        if shape[0] not in (1, batch_size) or shape[1:] != expected[1:]:
+        if shape[0] not in (1, batch_size) or shape[1:3] != expected[1:3] or shape[3] not in (kv_len, keys):
+            ring = f", or {keys} wide over the keys of a sliding-window layer's ring" if keys is not None else ""
             raise ValueError(
                 f"4D attention_mask must have shape {list(expected)} [batch, 1, q_len, kv_len], where kv_len is "
-                f"the key length attention sees (the static cache's max_cache_len, or past + q_len), got {list(shape)}"
+                f"the key length attention sees (the static cache's max_cache_len, or past + q_len){ring}, "
+                f"got {list(shape)}"
             )
         if attention_mask.dtype == torch.bool:
             return attention_mask
@@ -125,6 +196,15 @@ class AttentionMaskConverter:
             )
         attention_mask = attention_mask.to(dtype or attention_mask.dtype)
         return attention_mask.clamp(min=torch.finfo(attention_mask.dtype).min)
+
+    @staticmethod
+    def _at_keys(mask: torch.Tensor, key_cache_positions: torch.Tensor) -> torch.Tensor:
+        """A 4D mask over cache positions read at a ring's keys: `[batch, 1, q_len, keys]`, keys holding none
+        masked."""
+        columns = mask[..., key_cache_positions.clamp(min=0)]
+        if columns.dtype == torch.bool:
+            return columns & (key_cache_positions >= 0)
+        return columns.masked_fill(key_cache_positions < 0, torch.finfo(columns.dtype).min)
 
 
 def attention_type(config: Any, layer_idx: int) -> str:
@@ -152,28 +232,43 @@ def position_ids_from_padding(padding_mask: torch.Tensor, cache_position: torch.
 
 
 class StaticDecodeMask:
-    """The decode-step mask of one kind for one `generate` call on a StaticCache: `[batch, 1, 1, max_cache_len]`,
-    allocated once, then moved forward one slot in place per step (so a compiled decode step always reads the same
-    tensor, and nothing is allocated or read back on the host)."""
+    """The decode-step mask of one kind for one `generate` call on a StaticCache: `[batch, 1, 1, slots]` (the
+    kind's cache slots: `max_cache_len`, or a sliding-window ring's), allocated once, then moved forward one slot in
+    place per step (so a compiled decode step always reads the same tensor, and nothing is allocated or read back
+    on the host)."""
 
     def __init__(
-        self, converter: AttentionMaskConverter, padding_mask: torch.Tensor, cache_position: torch.Tensor
+        self,
+        converter: AttentionMaskConverter,
+        padding_mask: torch.Tensor,
+        cache_position: torch.Tensor,
+        key_cache_positions: torch.Tensor | None = None,
     ) -> None:
         """`padding_mask` `[batch, max_cache_len]` (1 = real token; slots not yet written 1); `cache_position`
-        `[1]` the slot of the last token already in the cache: the buffer starts as that token's mask row."""
+        `[1]` the slot of the last token already in the cache: the buffer starts as that token's mask row;
+        `key_cache_positions` `[slots]` the cache position each slot of a ring holds (see `to_4d`)."""
         batch_size, max_cache_len = padding_mask.shape
         self.sliding_window = converter.sliding_window
         self.mask = converter.to_4d(
-            padding_mask, batch_size=batch_size, q_len=1, kv_len=max_cache_len, cache_position=cache_position
-        ).clone()  # [batch, 1, 1, max_cache_len]
+            padding_mask,
+            batch_size=batch_size,
+            q_len=1,
+            kv_len=max_cache_len,
+            cache_position=cache_position,
+            key_cache_positions=key_cache_positions,
+        ).clone()  # [batch, 1, 1, slots]
+        self.opening = torch.empty_like(cache_position)  # [1], the new token's slot
         self.leaving = torch.empty_like(cache_position)  # [1], the slot leaving the window (sliding kinds)
 
     def advance(self, cache_position: torch.Tensor) -> torch.Tensor:
-        """Open slot `cache_position` `[1]` in place (and close the one leaving the window); returns the mask."""
-        max_cache_len = self.mask.shape[-1]
-        self.mask.index_fill_(-1, cache_position, True)
-        if self.sliding_window is not None and self.sliding_window < max_cache_len:
-            # Before the window is full, (pos - W) wraps to a slot in the future, which is still closed.
-            torch.sub(cache_position, self.sliding_window, out=self.leaving).remainder_(max_cache_len)
+        """Open the slot of cache position `cache_position` `[1]` in place (and close the one leaving the window);
+        returns the mask."""
+        slots = self.mask.shape[-1]
+        torch.remainder(cache_position, slots, out=self.opening)  # a ring holds position p in slot p % slots
+        self.mask.index_fill_(-1, self.opening, True)
+        # A ring of exactly W slots: the leaving slot is the new token's own. Before the window is full, (pos - W)
+        # wraps to a slot in the future (or never written), which is still closed.
+        if self.sliding_window is not None and self.sliding_window < slots:
+            torch.sub(cache_position, self.sliding_window, out=self.leaving).remainder_(slots)
             self.mask.index_fill_(-1, self.leaving, False)
         return self.mask

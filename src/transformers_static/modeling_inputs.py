@@ -44,7 +44,8 @@ def checks_inputs() -> bool:
 class AttentionInputs:
     """What every decoder layer needs besides hidden states, prepared once per forward."""
 
-    masks: dict[str, torch.Tensor]  # per attention kind: [batch, 1 | heads, q_len, kv_len], bool or additive float
+    # per attention kind: [batch, 1 | heads, q_len, kv_len] (a sliding-window ring's kind: its keys), bool or additive
+    masks: dict[str, torch.Tensor]
     position_ids: torch.Tensor  # [batch, q_len]
     cache_position: torch.Tensor  # [q_len]
     past_key_values: Cache | None
@@ -97,7 +98,10 @@ def prepare_attention_inputs(
     `attention_mask` is None, a 2D padding mask, a 4D mask used as given for every kind, or a dict of 4D masks by
     kind (what generate's decode steps pass). Defaults: a DynamicCache when caching and none is given; cache
     positions right after what the cache holds; positions from the 2D padding mask, else the cache positions.
-    `with_key_positions` adds the position of every key slot (recorded by the cache).
+    `with_key_positions` adds the position of every key slot (recorded by the cache). A kind whose StaticCache
+    layers are rings gets its masks over the ring's keys, from the cache positions they hold once this forward has
+    written (masks over cache positions are read there; eager forwards check that the ring holds every key they
+    allow), and the rings' record is updated before any layer writes.
     """
     batch_size, q_len, _ = inputs_embeds.shape
     use_cache = model.config.use_cache if use_cache is None else use_cache
@@ -113,17 +117,16 @@ def prepare_attention_inputs(
         raise ValueError(
             f"attention_mask dict must have one mask per kind {sorted(converters)}, got {sorted(by_kind)}"
         )
+    # per kind kept in a ring (a StaticCache's sliding-window layers): the cache position of each key it attends
+    rings = past_key_values.ring_key_positions(cache_position) if past_key_values is not None else {}
+    shapes = dict(batch_size=batch_size, q_len=q_len, kv_len=kv_len, cache_position=cache_position)
     masks = {
-        kind: converter.to_4d(
-            by_kind[kind],
-            batch_size=batch_size,
-            q_len=q_len,
-            kv_len=kv_len,
-            cache_position=cache_position,
-            dtype=model.dtype,
-        )
+        kind: converter.to_4d(by_kind[kind], **shapes, dtype=model.dtype, key_cache_positions=rings.get(kind))
         for kind, converter in converters.items()
     }
+    if checks_inputs():  # before any cache write
+        for kind, held in rings.items():
+            check_ring_keys(kind, converters[kind].keys_not_held(by_kind[kind], **shapes, key_cache_positions=held))
     if position_ids is None:
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             position_ids = position_ids_from_padding(attention_mask, cache_position)
@@ -131,6 +134,8 @@ def prepare_attention_inputs(
             position_ids = cache_position[None].expand(batch_size, q_len)
     if checks_inputs():  # before any cache write
         check_position_ids(model, position_ids)
+    if past_key_values is not None:
+        past_key_values.update_ring_positions(cache_position)
     key_positions = None
     if with_key_positions:
         key_positions = (
@@ -151,6 +156,18 @@ def _cache_position(
     if cache_position.shape != (q_len,):
         raise ValueError(f"cache_position must have shape [{q_len}] (q_len), got {list(cache_position.shape)}")
     return cache_position
+
+
+def check_ring_keys(kind: str, missing: torch.Tensor) -> None:
+    """A clear ValueError when a mask lets queries attend cache positions `missing` `[n]` that the `kind` layers'
+    ring does not hold (one host read)."""
+    if missing.numel():
+        raise ValueError(
+            f"the attention mask lets queries attend cache positions {missing[:8].tolist()} (of {missing.numel()}) "
+            f"that the StaticCache's ring for the {kind} layers does not hold (overwritten, or never written: a ring "
+            "keeps the last sliding_window - 1 + prefill_chunk_size positions written). Write positions in order "
+            "(reset() starts again), or give a mask within the window"
+        )
 
 
 def check_position_ids(model: PreTrainedModel, position_ids: torch.Tensor) -> None:

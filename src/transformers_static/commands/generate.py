@@ -2,6 +2,7 @@
 
 transformers-static generate [MODEL_DIR | FILE.gguf | --preset NAME] (--prompt TEXT [--chat] | --input-ids 1,2,3)
                              [--max-new-tokens N] [--compile] [--sample --temperature T --top-k K --top-p P --seed S]
+                             [--num-beams N] [--num-return-sequences N] [--prompt-lookup K]
                              [--dtype D] [--quantization int8] [--compile-cache DIR]
 
 Under `torchrun --nproc-per-node N -m transformers_static generate ...` the model is split over the N ranks
@@ -73,6 +74,20 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--seed", type=int, help="with --sample: seed of the sampling generator, the same on every rank (0)"
     )
+    parser.add_argument("--num-beams", type=positive_int, default=1, metavar="N", help="beam search with N beams")
+    parser.add_argument(
+        "--num-return-sequences",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="print N sequences: the N best beams (N <= --num-beams), or N samples with --sample",
+    )
+    parser.add_argument(
+        "--prompt-lookup",
+        type=positive_int,
+        metavar="K",
+        help="prompt-lookup decoding: verify up to K draft tokens copied from the text per forward (greedy)",
+    )
     add_device_args(parser, default_dtype="auto")
     add_quantization_arg(parser, "int8: int8 weight-only linear layers (from_pretrained(..., quantization='int8'))")
     parser.set_defaults(handler=run, parser=parser)
@@ -84,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from ..integrations.tensor_parallel import in_distributed_launch
     from ..models.auto import AutoConfig, AutoModelForCausalLM
 
-    sampling = _sampling_options(args, GenerationConfig)
+    sampling = {**_sampling_options(args, GenerationConfig), **_decoding_options(args, GenerationConfig)}
     path = _checkpoint_dir(args)
     if args.compile_cache is not None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(args.compile_cache.expanduser().resolve())
@@ -98,19 +113,30 @@ def run(args: argparse.Namespace) -> int:
     stream = None if printing else io.StringIO()  # other ranks: kept, not shown
     streamer = PrintStreamer(tokenizer, stream=stream, skip_prompt=args.chat)
     generator = torch.Generator(device=model.device).manual_seed(args.seed or 0) if args.sample else None
+    streaming = args.num_beams == 1 and args.num_return_sequences == 1 and args.prompt_lookup is None
     graphs = graphs_compiled()
     start = time.perf_counter()
-    model.generate(
-        input_ids.to(model.device),
-        max_new_tokens=args.max_new_tokens,
-        streamer=streamer,
-        generator=generator,
-        compile=args.compile,
-        **sampling,
-    )
+    try:
+        sequences = model.generate(
+            input_ids.to(model.device),
+            max_new_tokens=args.max_new_tokens,
+            streamer=streamer if streaming else None,
+            generator=generator,
+            compile=args.compile,
+            **sampling,
+        )
+    except NotImplementedError as err:
+        raise UsageError(str(err)) from err
     elapsed = time.perf_counter() - start
+    if not streaming:  # beams, several sequences, verify steps: printed once done, one line per sequence
+        for row in sequences.cpu():
+            streamer.prompt_seen = False
+            streamer.put(input_ids[0])
+            streamer.put(row[input_ids.shape[1] :])
+            streamer.end()
     if printing:
-        print(_generate_summary(streamer, elapsed, graphs_compiled() - graphs, args.compile), file=sys.stderr)
+        summary = _generate_summary(streamer, elapsed, graphs_compiled() - graphs, args.compile, streaming)
+        print(summary, file=sys.stderr)
     if tp_plan is not None:
         torch.distributed.destroy_process_group()
     return 0
@@ -200,6 +226,19 @@ def _sampling_options(args: argparse.Namespace, config_class: type) -> dict[str,
     return options
 
 
+def _decoding_options(args: argparse.Namespace, config_class: type) -> dict[str, Any]:
+    """generate() kwargs for beam search, several sequences and prompt lookup, validated by GenerationConfig."""
+    options: dict[str, Any] = {"num_beams": args.num_beams, "num_return_sequences": args.num_return_sequences}
+    if args.prompt_lookup is not None:
+        options["prompt_lookup_num_tokens"] = args.prompt_lookup
+    try:
+        config = config_class(do_sample=args.sample, **options)
+        config.check_supported()
+    except (ValueError, NotImplementedError) as err:
+        raise UsageError(str(err)) from err
+    return options
+
+
 class PrintStreamer(TextStreamer):
     """`TextStreamer` (special tokens skipped) writing to `stream` and timing each new token; without a tokenizer,
     the new ids separated by spaces. Batch 1."""
@@ -233,13 +272,15 @@ class PrintStreamer(TextStreamer):
         self.stream.flush()
 
 
-def _generate_summary(streamer: PrintStreamer, elapsed: float, graphs: int, compiled: bool) -> str:
-    """Tokens/s over the whole call, and the decode speed as the median gap between tokens (so a graph compiled
-    at the first decode step does not count)."""
+def _generate_summary(
+    streamer: PrintStreamer, elapsed: float, graphs: int, compiled: bool, streamed: bool = True
+) -> str:
+    """Tokens/s over the whole call, and (streamed) the decode speed as the median gap between tokens (so a graph
+    compiled at the first decode step does not count)."""
     count = streamer.count
     note = " (compilation included)" if compiled and graphs else ""
     summary = f"{count} tokens in {elapsed:.2f} s{note}: {count / elapsed:.1f} tokens/s"
-    if count > 1:
+    if count > 1 and streamed:
         gaps = [b - a for a, b in zip(streamer.stamps, streamer.stamps[1:], strict=False)]
         gap = statistics.median(gaps)
         summary += f"; decode {gap * 1e3:.2f} ms/token ({1 / gap:.1f} tokens/s, median)"

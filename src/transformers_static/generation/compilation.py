@@ -6,9 +6,10 @@ lowers and schedules them all). "regional" (hierarchical compilation, `torch.com
 makes one graph for the step, so the step runs as fast, but the layer is compiled once and every layer calls that
 one body. A body is shared only when nothing layer-specific is a constant inside it: each layer is handed its own
 cache slot (`StaticCache.layer(i)`) in place of the cache and its index, so the region's inputs are the layer's
-weights, its slot and the step's tensors (layers of another attention kind, such as sliding windows, get a second
-body). The per-forward inputs and the slot are pytree nodes, so dynamo matches a layer's call to the compiled body
-by its tensors alone instead of tracing each layer again.
+weights, its slot and the step's tensors (a layer of another attention kind, such as a sliding window, is traced
+again; with a mask and a slot of the same shapes it calls the same body, while a sliding-window ring shorter than
+the cache gets a body of its own). The per-forward inputs and the slot are pytree nodes, so dynamo matches a
+layer's call to the compiled body by its tensors alone instead of tracing each layer again.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ STRATEGIES = ("full", "regional")
 pytree.register_dataclass(AttentionInputs)
 pytree.register_pytree_node(
     StaticLayerCache,
-    lambda slot: ([slot.keys, slot.values], None),
-    lambda tensors, _: StaticLayerCache(*tensors),
+    lambda slot: ([slot.keys, slot.values], slot.window),
+    lambda tensors, window: StaticLayerCache(*tensors, window),
     serialized_type_name="transformers_static.cache_utils.StaticLayerCache",
 )
 

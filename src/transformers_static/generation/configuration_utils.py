@@ -64,10 +64,7 @@ def _set(value: Any) -> bool:
 # field -> (true for a (non-None) value that asks for what generate does not do, what that is). `penalty_alpha` (contrastive
 # search) depends on other fields and is checked in `GenerationConfig.unsupported`.
 REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "num_beams": (lambda v: v > 1, "beam search"),
-    "num_return_sequences": (lambda v: v > 1, "several sequences per prompt"),
     "use_mtp": (bool, "multi-token prediction"),
-    "prompt_lookup_num_tokens": (_set, "prompt-lookup decoding"),
     "assistant_early_exit": (_set, "early-exit assisted decoding"),
     "is_assistant": (bool, "decoding as an assistant model"),
     "dola_layers": (_set, "DoLa decoding"),
@@ -81,6 +78,14 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cache_implementation": (lambda v: v not in CACHE_IMPLEMENTATIONS, f"a cache other than {CACHE_IMPLEMENTATIONS}"),
     "compile_config": (_set, "upstream's CompileConfig (use generate(compile=True))"),
     "continuous_batching_config": (_set, "continuous batching"),
+}
+
+# Fields that beam search (num_beams > 1) does not combine with here, and what they ask for.
+BEAM_REFUSED = {
+    "do_sample": "beam sampling",
+    "stop_strings": "stop strings in beam search",
+    "max_time": "a time limit in beam search",
+    "low_memory": "sequential beam search (upstream refuses it too)",
 }
 
 # Sampling-only fields and the value at which upstream does not warn about them under greedy decoding (None: any
@@ -222,6 +227,10 @@ class GenerationConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.do_sample and self.temperature is not None and self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.early_stopping not in (None, True, False, "never"):
+            raise ValueError(f"`early_stopping` must be a boolean or 'never', but is {self.early_stopping}.")
+        if self.num_beams is not None and self.num_beams < 1:
+            raise ValueError(f"num_beams must be >= 1, got {self.num_beams}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         for name in ("min_p", "top_h", "typical_p"):
@@ -239,6 +248,14 @@ class GenerationConfig:
             if getattr(self, name) is not None and asks(getattr(self, name))
         ]
         top_k = DEFAULTS["top_k"] if self.top_k is None else self.top_k
+        if self.num_beams is not None and self.num_beams > 1:
+            found += [
+                f"{name}={getattr(self, name)!r} (with num_beams={self.num_beams}: {what})"
+                for name, what in BEAM_REFUSED.items()
+                if getattr(self, name) not in (None, False)
+            ]
+            if self.num_beam_groups is not None and self.num_beam_groups > 1:
+                found.append(f"num_beam_groups={self.num_beam_groups!r} (group beam search)")
         if self.penalty_alpha is not None and self.penalty_alpha > 0 and self.do_sample is not True and top_k > 1:
             found.append(f"penalty_alpha={self.penalty_alpha!r} (contrastive search)")
         return found
@@ -272,7 +289,18 @@ class GenerationConfig:
         return found
 
     def check_supported(self) -> None:
-        """NotImplementedError naming every field whose value asks for something `generate` does not do."""
+        """Upstream's ValueErrors on how many sequences a call returns; then NotImplementedError naming every field
+        whose value asks for something `generate` does not do."""
+        beams, returned = self.num_beams or 1, self.num_return_sequences or 1
+        if returned > 1 and beams == 1 and not self.do_sample:
+            raise ValueError(
+                "Greedy methods (do_sample != True) without beam search do not support `num_return_sequences` "
+                f"different than 1 (got {returned})."
+            )
+        if beams > 1 and returned > beams:
+            raise ValueError(
+                f"`num_return_sequences` ({returned}) has to be smaller or equal to `num_beams` ({beams})."
+            )
         if found := self.unsupported():
             raise NotImplementedError(f"generate does not support {'; '.join(found)}")
 

@@ -6,6 +6,8 @@ The static path (default) is built so a compiled forward sees exactly two input 
     prefill   input_ids [batch, chunk]  mask [batch, 1, chunk, max_cache_len]  cache_position [chunk]
     decode    input_ids [batch, 1]      mask [batch, 1, 1, max_cache_len]      cache_position [1]
 
+(a sliding-window layer's masks are over its ring of slots instead: see cache_utils.StaticCache)
+
 The prompt is left-padded to a multiple of the chunk size (positions come from the padding mask, so extra left
 padding changes nothing); each prefill chunk hands the model the 2D padding mask at the cache's full length (the
 model makes its 4D masks from it); the decode masks are `StaticDecodeMask` buffers this call owns, updated in place;
@@ -25,6 +27,8 @@ from ..cache_utils import DynamicCache, StaticCache
 from ..configuration_utils import PretrainedConfig
 from ..modeling_attn_mask_utils import StaticDecodeMask, mask_converters, position_ids_from_padding
 from ..modeling_inputs import inputs_checked
+from .beam_search import GenerateBeamDecoderOnlyOutput, beam_search, expand_rows
+from .candidate_generator import check_prompt_lookup, prompt_lookup, verify_room
 from .compilation import compile_forward, default_strategy
 from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig, generation_lengths, warn_once
 from .logits_process import LogitsProcessing, logits_processing, next_tokens
@@ -69,7 +73,7 @@ class _Session:
     cache_position: torch.Tensor  # [q_len]: slot(s) the next forward writes
     position_ids: torch.Tensor  # [batch, 1]: position of the next token
     padding_mask: torch.Tensor | None  # dynamic only: the 2D padding mask [batch, past + 1], grown per step
-    decode_masks: dict[str, StaticDecodeMask] | None  # static only: per kind, [batch, 1, 1, max_cache_len]
+    decode_masks: dict[str, StaticDecodeMask] | None  # static only: per kind, [batch, 1, 1, the kind's slots]
     prompt_ids: torch.Tensor  # [batch, prompt_slots]: the prompt as the cache holds it (static: whole chunks)
     prompt_mask: torch.Tensor  # [batch, prompt_slots]: 1 = token
     capacity: int  # slots for the prompt and every new token
@@ -110,13 +114,13 @@ class GenerationMixin:
         compile: bool | str = False,
         tokenizer: Tokenizer | None = None,
         **kwargs: Any,
-    ) -> torch.Tensor | GenerateDecoderOnlyOutput:
-        """Greedy or sampled generation, batched, stopping per row on EOS or a stop string.
+    ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput:
+        """Greedy, sampled or beam-search generation, batched, stopping per row on EOS or a stop string.
 
         `generation_config` (ours, upstream's `transformers.GenerationConfig`, or a dict) and kwargs override the
-        model's `generation_config`, as upstream layers them; a value asking for what this library does not do (beam
-        search, assisted decoding, ...) raises NotImplementedError. Right padding is moved to the left (the returned
-        prompt is left-padded). `generator` seeds sampling; `past_key_values` supplies a StaticCache to fill;
+        model's `generation_config`, as upstream layers them; a value asking for what this library does not do
+        (contrastive search, assisted decoding, ...) raises NotImplementedError. Right padding is moved to the left
+        (the returned prompt is left-padded). `generator` seeds sampling; `past_key_values` supplies a StaticCache to fill;
         `tokenizer` decodes for `stop_strings`; `compile=True` (or "full" / "regional") runs the decode steps through a
         forward compiled once for the device (`compiled_forward`; the prefill runs eager, as upstream's compiled
         generation does; logits processing runs eager, and is compile-ready). Returns
@@ -138,6 +142,13 @@ class GenerationMixin:
             )
         input_ids = self._input_ids_or_bos(input_ids, config)
         input_ids, attention_mask = prepare_prompt(input_ids, attention_mask, self.config.vocab_size, config)
+        input_ids, attention_mask = expand_rows(input_ids, attention_mask, config)  # beams / sampled sequences
+        if streamer is not None and config.num_beams > 1:
+            raise ValueError(
+                "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set to 1."
+            )
+        if config.prompt_lookup_num_tokens is not None:
+            check_prompt_lookup(config, input_ids.shape[0], streaming=streamer is not None)
         lengths = generation_lengths(
             config,
             input_ids.shape[1],
@@ -155,7 +166,7 @@ class GenerationMixin:
                 session, logits = self._prefill_dynamic(fed, attention_mask, lengths.max_new_tokens)
             else:
                 session, logits = self._prefill_static(
-                    fed, attention_mask, config, lengths.max_new_tokens, past_key_values
+                    fed, attention_mask, config, lengths.max_new_tokens + verify_room(config), past_key_values
                 )
         processing = logits_processing(
             config,
@@ -168,12 +179,20 @@ class GenerationMixin:
         )
         if compile:
             session.forward = self.compiled_forward(compile)
+        if config.num_beams > 1:
+            with inputs_checked():
+                return beam_search(self, session, logits, config, processing, input_ids, lengths.max_new_tokens)
         if streamer is not None:
             streamer.put(input_ids.cpu())
         with inputs_checked():
-            new_tokens, scores, all_logits = self._decode(
-                session, logits, config, lengths.max_new_tokens, processing, stops, streamer, generator
-            )
+            if config.prompt_lookup_num_tokens is not None:
+                new_tokens, scores, all_logits = prompt_lookup(
+                    self, session, logits, config, processing, input_ids, attention_mask, lengths.max_new_tokens
+                )
+            else:
+                new_tokens, scores, all_logits = self._decode(
+                    session, logits, config, lengths.max_new_tokens, processing, stops, streamer, generator
+                )
         if streamer is not None:
             streamer.end()
         sequences = torch.cat([input_ids, new_tokens], dim=-1)
@@ -276,16 +295,17 @@ class GenerationMixin:
         positions = position_ids_from_padding(prompt_mask)  # [batch, padded_len]
         for start in range(0, padded_len, chunk):
             logits = self(
-                ids[:, start : start + chunk].contiguous(),  # contiguous: strides must not vary with prompt length
+                # copies with fresh strides: a batch-1 slice is "contiguous" with the prompt's stride, a guard
+                ids[:, start : start + chunk].clone(memory_format=torch.contiguous_format),
                 attention_mask=padding,
-                position_ids=positions[:, start : start + chunk].contiguous(),
+                position_ids=positions[:, start : start + chunk].clone(memory_format=torch.contiguous_format),
                 past_key_values=cache,
                 cache_position=torch.arange(start, start + chunk, device=ids.device),
                 logits_to_keep=1,
             ).logits[:, -1]
         last = torch.tensor([padded_len - 1], device=ids.device)
         decode_masks = {
-            kind: StaticDecodeMask(converter, padding, last)
+            kind: StaticDecodeMask(converter, padding, last, cache.ring_cache_positions.get(kind))
             for kind, converter in mask_converters(self.config).items()
         }
         session = _Session(
@@ -351,7 +371,10 @@ class GenerationMixin:
         cached = getattr(self, "_generation_cache", None)
         key = (batch, capacity, self.dtype, self.device)
         if cached is None or cached[0] != key:
-            cached = (key, StaticCache(self.config, batch, capacity, dtype=self.dtype, device=self.device))
+            cache = StaticCache(
+                self.config, batch, capacity, self.dtype, self.device, prefill_chunk_size=config.prefill_chunk
+            )  # sliding-window rings with room for one prefill chunk
+            cached = (key, cache)
             self._generation_cache = cached
         return cached[1]
 

@@ -1,0 +1,130 @@
+"""Prompt-lookup decoding: token-identical to plain greedy (and to upstream's prompt lookup) on a copy-heavy prompt,
+with drafts really accepted; across a sliding window on ring caches; at most the prefill and the verify graph
+compiled, none on a second call; n-gram lookup as upstream's; refusals naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from transformers_static import AutoModelForCausalLM
+from transformers_static.generation import candidate_generator
+from transformers_static.generation.candidate_generator import lookup_candidates
+
+from ..models.causal_lm_tester import count_graphs
+from .conftest import VOCAB, Pair, save_noisy
+
+GREEDY = dict(eos_token_id=None, pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory: pytest.TempPathFactory) -> Pair:
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=5,
+        eos_token_id=2,
+    )
+    upstream = transformers.MistralForCausalLM(config)
+    path = str(tmp_path_factory.mktemp("mistral_lookup"))
+    save_noisy(upstream, path)
+    return Pair(path, upstream, AutoModelForCausalLM.from_pretrained(path))
+
+
+def copy_heavy_prompt(model: Any) -> torch.Tensor:
+    """The model's own greedy text, then its first 24 new tokens again: what follows is mostly a copy."""
+    greedy = model.generate(torch.tensor([[5, 6, 7, 8, 9, 10]]), max_new_tokens=40, **GREEDY)
+    return torch.cat([greedy, greedy[:, 6:30]], dim=1)
+
+
+def with_stats(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """The counts of the next prompt-lookup call (verify steps, drafts proposed and accepted)."""
+    stats: dict[str, int] = {}
+    original = candidate_generator.prompt_lookup_decode
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        stats.update(out[1])
+        return out
+
+    monkeypatch.setattr(candidate_generator, "prompt_lookup_decode", spy)
+    return stats
+
+
+def test_prompt_lookup_equals_greedy_and_upstream(llama: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompt = copy_heavy_prompt(llama.ours)
+    stats = with_stats(monkeypatch)
+    ours = llama.ours.generate(prompt, max_new_tokens=30, prompt_lookup_num_tokens=5, **GREEDY)
+    assert torch.equal(ours, llama.ours.generate(prompt, max_new_tokens=30, **GREEDY))
+    theirs = llama.upstream.generate(prompt, max_new_tokens=30, prompt_lookup_num_tokens=5, **GREEDY)
+    assert torch.equal(ours, theirs)
+    assert stats["accepted"] > 0 and stats["verify_steps"] < 30  # drafts were taken: fewer forwards than tokens
+
+
+def test_prompt_lookup_stops_at_eos_as_greedy(llama: Pair) -> None:
+    prompt = copy_heavy_prompt(llama.ours)
+    greedy = llama.ours.generate(prompt, max_new_tokens=30, **GREEDY)
+    eos = int(greedy[0, prompt.shape[1] + 9])  # first made at step <= 9
+    kwargs = dict(max_new_tokens=30, eos_token_id=eos, pad_token_id=0)
+    expected = llama.ours.generate(prompt, **kwargs)
+    assert expected.shape[1] < greedy.shape[1]
+    assert torch.equal(llama.ours.generate(prompt, prompt_lookup_num_tokens=4, **kwargs), expected)
+
+
+def test_prompt_lookup_across_a_sliding_window_on_ring_caches(mistral: Pair) -> None:
+    prompt = copy_heavy_prompt(mistral.ours)
+    ring = dict(prefill_chunk_size=8, cache_bucket_size=128, max_new_tokens=30, **GREEDY)  # rings of 12 slots
+    ours = mistral.ours.generate(prompt, prompt_lookup_num_tokens=5, **ring)
+    assert torch.equal(ours, mistral.upstream.generate(prompt, max_new_tokens=30, **GREEDY))
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens .8. \\+ 1 must be <= prefill_chunk_size"):
+        mistral.ours.generate(prompt, prompt_lookup_num_tokens=8, **ring)
+
+
+def test_prompt_lookup_compiles_prefill_and_verify_once(llama: Pair) -> None:
+    prompt = copy_heavy_prompt(llama.ours)
+    calls = [
+        dict(input_ids=prompt, max_new_tokens=20, prompt_lookup_num_tokens=5, **GREEDY),
+        dict(input_ids=prompt[:, 4:], max_new_tokens=12, prompt_lookup_num_tokens=5, **GREEDY),
+    ]
+    counts, outputs = count_graphs(llama.ours, calls, then_no_recompile=True, backend="eager")
+    assert counts[0] <= 2 and counts[1] == counts[0], counts
+    assert torch.equal(outputs[0], llama.ours.generate(prompt, max_new_tokens=20, **GREEDY))
+
+
+def test_lookup_takes_the_longest_ngram_first_and_its_leftmost_match() -> None:
+    tokens = [1, 2, 3, 9, 2, 3, 4, 5, 7, 2, 3]
+    assert lookup_candidates(tokens, 3, 2) == [9, 2, 3]  # "2 3" first at index 1
+    assert lookup_candidates([4, 1, 8, 1, 5, 6, 1], 2, 3) == [8, 1]  # no 2-gram match: 1-gram "1"
+    assert lookup_candidates([1, 2, 3], 4, 2) == []
+    assert lookup_candidates([7, 8, 7], 4, 2) == [8, 7]  # a continuation stops at the text's end
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(do_sample=True), NotImplementedError, "do_sample=True with prompt_lookup_num_tokens"),
+        (dict(cache_implementation="dynamic"), NotImplementedError, "cache_implementation='dynamic'"),
+        (dict(repetition_penalty=1.3), NotImplementedError, "logits processors"),
+        (dict(num_beams=2), NotImplementedError, "num_beams > 1"),
+        (dict(return_dict_in_generate=True, output_scores=True), NotImplementedError, "output_scores"),
+        (dict(prompt_lookup_num_tokens=0), ValueError, "must be >= 1"),
+        (dict(max_matching_ngram_size=0), ValueError, "must be >= 1"),
+    ],
+)
+def test_prompt_lookup_refusals_name_the_field(llama: Pair, kwargs: dict, error: type, match: str) -> None:
+    kwargs = {"prompt_lookup_num_tokens": 3, **kwargs}
+    with pytest.raises(error, match=match):
+        llama.ours.generate(torch.tensor([[4, 5, 4]]), max_new_tokens=2, **kwargs)
+
+
+def test_prompt_lookup_refuses_batches_as_upstream(llama: Pair) -> None:
+    with pytest.raises(ValueError, match="batch_size = 1"):
+        llama.ours.generate(torch.tensor([[4, 5], [6, 7]]), max_new_tokens=2, prompt_lookup_num_tokens=3)
