@@ -50,6 +50,7 @@ GEN_CONFIG_TESTS = "tests/generation/test_config.py::"
 GEN_INPUTS = "tests/generation/test_inputs.py::"
 TP, TP_CHECKPOINTS = "tests/test_tensor_parallel.py::", "TRANSFORMERS_STATIC_TP_CHECKPOINTS"
 COMPILATION = "tests/test_compilation.py::"
+RINGS = "tests/test_sliding_window_cache.py::"
 LLAMA = "tests/models/llama/test_modeling_llama.py::LlamaParityTest::"
 LLAMA_TIED = "tests/models/llama/test_modeling_llama.py::LlamaTiedLlama3RopeParityTest::"
 GPT2 = "tests/models/gpt2/test_modeling_gpt2.py::GPT2ParityTest::"
@@ -85,8 +86,8 @@ MUTANTS = (
     mutant(
         "prefill-chunks-reuse-first-positions",
         GEN,
-        "position_ids=positions[:, start : start + chunk].contiguous(),",
-        "position_ids=positions[:, :chunk].contiguous(),",
+        "position_ids=positions[:, start : start + chunk].clone(memory_format=torch.contiguous_format),",
+        "position_ids=positions[:, :chunk].clone(memory_format=torch.contiguous_format),",
         LLAMA + "test_prompt_longer_than_a_prefill_chunk_matches_upstream",
     ),
     mutant(
@@ -592,6 +593,36 @@ MUTANTS = (
         "head = self._tp_rank * num_heads // self._tp_size",
         "head = 0",
         TP + "TensorParallelInProcessTest::test_heads_of_each_rank",
+    ),
+    # --- sliding-window rings (issue 22)
+    mutant(
+        "ring-keeps-the-first-tokens-of-a-long-forward",
+        CACHE,
+        "            written = cache_position[-slots:]  # a longer forward keeps its last `slots` tokens",
+        "            written = cache_position[:slots]  # a longer forward keeps its last `slots` tokens",
+        RINGS + "test_prefill_of_any_length_then_decode_past_the_window_matches_upstream[mistral-all_at_once]",
+    ),
+    mutant(
+        "ring-overflow-threshold-off-by-one",
+        CACHE,
+        "    return q_len > slots - window + 1",
+        "    return q_len > slots - window + 2",
+        RINGS + "test_prefill_of_any_length_then_decode_past_the_window_matches_upstream[mistral-room+1]",
+    ),
+    mutant(
+        "ring-padding-read-by-slot-not-position",
+        MASKS,
+        "padding = padding[:, key_cache_positions.clamp(min=0)]",
+        "padding = padding[:, : key_cache_positions.shape[0]]",
+        RINGS + "test_greedy_generate_past_the_window_matches_upstream[mistral-multiples]",
+        RINGS + "test_4d_masks_over_cache_positions_match_upstream[mistral-4d_bool]",
+    ),
+    mutant(
+        "ring-rewritten-positions-stay-visible",
+        CACHE,
+        "before = held.masked_fill(torch.isin(held, cache_position), -1)",
+        "before = held",
+        RINGS + "test_positions_written_again_replace_their_keys[mistral-room+1]",
     ),
 )
 
