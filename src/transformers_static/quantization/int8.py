@@ -15,13 +15,16 @@ from ..linear_utils import linear
 INT8_MAX = 127
 
 
-def quantize_weight(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight(
+    weight: torch.Tensor, scale_dtype: torch.dtype, in_dim: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`weight` `[out, in]` (float) -> (int8 `[out, in]`, scale `[out]` in `scale_dtype`), symmetric per output
-    channel; the int8 values are rounded against the scale as stored. An all-zero row gets scale 1."""
+    channel; the int8 values are rounded against the scale as stored. An all-zero row gets scale 1. Stacked experts
+    `[experts, out, in]` (or `[experts, in, out]` with `in_dim=-2`) get a scale per expert and output channel."""
     weight = weight.detach().float()
-    absmax = weight.abs().amax(dim=1)  # [out]
+    absmax = weight.abs().amax(dim=in_dim)  # [out] / [experts, out]
     scale = torch.where(absmax > 0, absmax / INT8_MAX, torch.ones_like(absmax)).to(scale_dtype)
-    quantized = torch.round(weight / scale.float()[:, None]).clamp(-INT8_MAX, INT8_MAX)
+    quantized = torch.round(weight / scale.float().unsqueeze(in_dim)).clamp(-INT8_MAX, INT8_MAX)
     return quantized.to(torch.int8), scale
 
 
@@ -70,17 +73,7 @@ def quantize_experts(module: nn.Module, empty: bool = False) -> None:
             quantized = torch.zeros(weight.shape, dtype=torch.int8, device=weight.device)
             scale = torch.ones_like(weight.select(in_dim, 0))  # [experts, out]
         else:
-            quantized, scale = quantize_stacked(weight, in_dim)
+            quantized, scale = quantize_weight(weight, weight.dtype, in_dim)
         del module._parameters[name]
         module.register_buffer(name, quantized)
         module.register_buffer(f"{name}_scale", scale)
-
-
-def quantize_stacked(weight: torch.Tensor, in_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stacked float matrices -> (int8 of the same shape, scale `[experts, out]` in `weight`'s dtype), symmetric per
-    expert and output channel (`in_dim`: the input-feature dimension, -1 or -2), rounded as `quantize_weight`."""
-    values = weight.detach().float()
-    absmax = values.abs().amax(dim=in_dim)  # [experts, out]
-    scale = torch.where(absmax > 0, absmax / INT8_MAX, torch.ones_like(absmax)).to(weight.dtype)
-    quantized = torch.round(values / scale.float().unsqueeze(in_dim)).clamp(-INT8_MAX, INT8_MAX)
-    return quantized.to(torch.int8), scale
