@@ -116,8 +116,9 @@ def test_pipeline_refuses_other_tasks_and_options(tmp_path) -> None:
     assert pipe.task == "text-generation"
     with pytest.raises(NotImplementedError, match="stop_sequence"):
         pipe("x", stop_sequence="y")
-    with pytest.raises(NotImplementedError, match=r"num_beams=2 \(beam search\)"):
-        pipe("x", num_beams=2, max_new_tokens=2)
+    with pytest.raises(NotImplementedError, match=r"do_sample=True \(with num_beams=2: beam sampling\)"):
+        pipe("x", num_beams=2, max_new_tokens=2)  # the pipeline samples by default; beams with sampling are refused
+    assert len(pipe("x", num_beams=2, do_sample=False, max_new_tokens=2)) == 1
     with pytest.raises(ValueError, match="cannot do batching"):
         pipe(["x", "y"], batch_size=2, max_new_tokens=2)
 
