@@ -460,7 +460,7 @@ MUTANTS = (
         "modeling_gguf_pytorch_utils.py",
         "    return {stem: paired.transpose(1, 2).reshape(tensor.shape)}",
         "    return {stem: tensor}",
-        "tests/test_gguf.py::GGUFArchitectureTest::test_logits_match_upstream_and_safetensors_08_llama",
+        "tests/test_gguf.py::GGUFArchitectureTest::test_logits_match_upstream_and_safetensors_10_llama",
     ),
     mutant(
         "gguf-gemma-norms-keep-llama-cpp-plus-one",
