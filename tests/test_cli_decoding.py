@@ -1,5 +1,6 @@
-"""`transformers-static generate --num-beams N --num-return-sequences N --prompt-lookup K`: one printed line per
-sequence, the tokens upstream's generate makes for the same checkpoint; refusals as usage errors."""
+"""`transformers-static generate --num-beams N --num-return-sequences N --prompt-lookup K --assistant DIR`: one
+printed line per sequence, the tokens upstream's generate makes for the same checkpoint; refusals as usage
+errors."""
 
 from __future__ import annotations
 
@@ -83,9 +84,48 @@ def test_decoding_flag_errors(
     assert message in err
 
 
-def test_prompt_lookup_refusal_is_a_usage_error(capsys: pytest.CaptureFixture[str], checkpoint: tuple) -> None:
+def test_assistant_streams_greedy_tokens(capsys: pytest.CaptureFixture[str], checkpoint: tuple, tmp_path) -> None:
+    path, upstream = checkpoint
+    torch.manual_seed(1)
+    config = transformers.Qwen2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    transformers.Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    options = ("--assistant", str(tmp_path), "--num-assistant-tokens", "3")
+    assert printed_sequences(capsys, path, *options) == upstream_new_tokens(upstream)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--prompt-lookup", "2", "--num-beams", "2"], "num_beams > 1 with prompt_lookup_num_tokens"),
+        (["--num-assistant-tokens", "2"], "--num-assistant-tokens only applies with --assistant"),
+    ],
+)
+def test_candidate_decoding_refusals_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], checkpoint: tuple, options: list[str], message: str
+) -> None:
     path, _ = checkpoint
-    code = main(["generate", path, "--input-ids", "1,2", "--prompt-lookup", "2", "--sample"])
+    code = main(["generate", path, "--input-ids", "1,2", *options])
     _, err = capsys.readouterr()
     assert code == 2
-    assert "do_sample=True with prompt_lookup_num_tokens" in err
+    assert message in err
+
+
+def test_an_assistant_with_another_vocabulary_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], checkpoint: tuple, tmp_path
+) -> None:
+    path, _ = checkpoint
+    config = transformers.LlamaConfig(
+        vocab_size=80, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    code = main(["generate", path, "--input-ids", "1,2", "--assistant", str(tmp_path)])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "vocab_size (80) differs from the model's (64)" in err

@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from transformers_static import AutoModelForCausalLM
+from transformers_static.generation import utils as generation_utils
 
 from ..models.causal_lm_tester import perturb
 
@@ -27,6 +28,21 @@ class Pair:
 def save_noisy(upstream: Any, path: str) -> None:
     """Noise on every upstream weight (biases, norms, positions all matter), then a real checkpoint."""
     perturb(upstream, 0.1).eval().save_pretrained(path)
+
+
+def candidate_stats(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """The counts of the next candidate-decoding call (verify steps, drafts proposed and accepted), filled in when
+    it returns."""
+    stats: dict[str, int] = {}
+    original = generation_utils.candidate_decode
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        decoded = original(*args, **kwargs)
+        stats.update(decoded.stats)
+        return decoded
+
+    monkeypatch.setattr(generation_utils, "candidate_decode", spy)
+    return stats
 
 
 @pytest.fixture(scope="session")

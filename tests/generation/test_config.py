@@ -64,8 +64,8 @@ def test_refused_value_names_field_and_value(llama: Pair, name: str, value: obje
 
 
 def test_refused_generate_argument(llama: Pair) -> None:
-    with pytest.raises(NotImplementedError, match="assistant_model=<LlamaForCausalLM>.*assisted decoding"):
-        llama.ours.generate(torch.tensor([[4, 5]]), max_new_tokens=2, assistant_model=llama.ours)
+    with pytest.raises(NotImplementedError, match="prefix_allowed_tokens_fn=<function>.*prefix-constrained decoding"):
+        llama.ours.generate(torch.tensor([[4, 5]]), max_new_tokens=2, prefix_allowed_tokens_fn=lambda *a: [1])
 
 
 def copy_checkpoint(source: str, target: Path, generation_config: dict | None) -> str:

@@ -11,11 +11,10 @@ import torch
 import transformers
 
 from transformers_static import AutoModelForCausalLM
-from transformers_static.generation import candidate_generator
 from transformers_static.generation.candidate_generator import lookup_candidates
 
 from ..models.causal_lm_tester import count_graphs
-from .conftest import VOCAB, Pair, save_noisy
+from .conftest import VOCAB, Pair, candidate_stats, save_noisy
 
 GREEDY = dict(eos_token_id=None, pad_token_id=0)
 
@@ -45,23 +44,9 @@ def copy_heavy_prompt(model: Any) -> torch.Tensor:
     return torch.cat([greedy, greedy[:, 6:30]], dim=1)
 
 
-def with_stats(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """The counts of the next prompt-lookup call (verify steps, drafts proposed and accepted)."""
-    stats: dict[str, int] = {}
-    original = candidate_generator.prompt_lookup_decode
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
-        stats.update(out[1])
-        return out
-
-    monkeypatch.setattr(candidate_generator, "prompt_lookup_decode", spy)
-    return stats
-
-
 def test_prompt_lookup_equals_greedy_and_upstream(llama: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
     prompt = copy_heavy_prompt(llama.ours)
-    stats = with_stats(monkeypatch)
+    stats = candidate_stats(monkeypatch)
     ours = llama.ours.generate(prompt, max_new_tokens=30, prompt_lookup_num_tokens=5, **GREEDY)
     assert torch.equal(ours, llama.ours.generate(prompt, max_new_tokens=30, **GREEDY))
     theirs = llama.upstream.generate(prompt, max_new_tokens=30, prompt_lookup_num_tokens=5, **GREEDY)
@@ -110,11 +95,10 @@ def test_lookup_takes_the_longest_ngram_first_and_its_leftmost_match() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        (dict(do_sample=True), NotImplementedError, "do_sample=True with prompt_lookup_num_tokens"),
         (dict(cache_implementation="dynamic"), NotImplementedError, "cache_implementation='dynamic'"),
         (dict(repetition_penalty=1.3), NotImplementedError, "logits processors"),
         (dict(num_beams=2), NotImplementedError, "num_beams > 1"),
-        (dict(return_dict_in_generate=True, output_scores=True), NotImplementedError, "output_scores"),
+        (dict(stop_strings="x"), NotImplementedError, "stop_strings with prompt_lookup_num_tokens"),
         (dict(prompt_lookup_num_tokens=0), ValueError, "must be >= 1"),
         (dict(max_matching_ngram_size=0), ValueError, "must be >= 1"),
     ],

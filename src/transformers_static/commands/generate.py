@@ -2,7 +2,7 @@
 
 transformers-static generate [MODEL_DIR | FILE.gguf | --preset NAME] (--prompt TEXT [--chat] | --input-ids 1,2,3)
                              [--max-new-tokens N] [--compile] [--sample --temperature T --top-k K --top-p P --seed S]
-                             [--num-beams N] [--num-return-sequences N] [--prompt-lookup K]
+                             [--num-beams N] [--num-return-sequences N] [--prompt-lookup K | --assistant DIR]
                              [--dtype D] [--quantization int8] [--compile-cache DIR]
 
 Under `torchrun --nproc-per-node N -m transformers_static generate ...` the model is split over the N ranks
@@ -86,7 +86,19 @@ def add_parser(commands: Any) -> None:
         "--prompt-lookup",
         type=positive_int,
         metavar="K",
-        help="prompt-lookup decoding: verify up to K draft tokens copied from the text per forward (greedy)",
+        help="prompt-lookup decoding: verify up to K draft tokens copied from the text per forward",
+    )
+    parser.add_argument(
+        "--assistant",
+        metavar="DIR",
+        help="assisted decoding: a smaller checkpoint (directory or GGUF file, same tokenizer) drafts tokens that "
+        "the model verifies, --num-assistant-tokens per forward",
+    )
+    parser.add_argument(
+        "--num-assistant-tokens",
+        type=positive_int,
+        metavar="K",
+        help="with --assistant: drafts per verify forward (default: the assistant's generation config, else 20)",
     )
     add_device_args(parser, default_dtype="auto")
     add_quantization_arg(parser, "int8: int8 weight-only linear layers (from_pretrained(..., quantization='int8'))")
@@ -96,6 +108,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench.measure import graphs_compiled
     from ..generation import GenerationConfig
+    from ..generation.assisted_decoding import check_assistant
     from ..integrations.tensor_parallel import in_distributed_launch
     from ..models.auto import AutoConfig, AutoModelForCausalLM
 
@@ -109,11 +122,24 @@ def run(args: argparse.Namespace) -> int:
     tp_plan = "auto" if in_distributed_launch() else None  # torchrun: split the model over the ranks
     options = dict(dtype=parse_dtype(args), device_map=str(device), tp_plan=tp_plan, quantization=args.quantization)
     model = _load(path, lambda: AutoModelForCausalLM.from_pretrained(path, **options))
+    if args.assistant is not None:
+        if tp_plan is not None:
+            raise UsageError("--assistant is not supported under torchrun (tensor parallelism)")
+        draft_path = _checkpoint_dir(argparse.Namespace(model_dir=args.assistant, preset=None))
+        draft_options = {**options, "tp_plan": None}
+        draft = _load(
+            draft_path, lambda: AutoModelForCausalLM.from_pretrained(draft_path, **draft_options), "--assistant"
+        )
+        try:
+            check_assistant(model, draft)
+        except ValueError as err:
+            raise UsageError(f"--assistant {args.assistant}: {err}") from err
+        sampling["assistant_model"] = draft
     printing = tp_plan is None or torch.distributed.get_rank() == 0
     stream = None if printing else io.StringIO()  # other ranks: kept, not shown
     streamer = PrintStreamer(tokenizer, stream=stream, skip_prompt=args.chat)
     generator = torch.Generator(device=model.device).manual_seed(args.seed or 0) if args.sample else None
-    streaming = args.num_beams == 1 and args.num_return_sequences == 1 and args.prompt_lookup is None
+    streaming = args.num_beams == 1 and args.num_return_sequences == 1
     graphs = graphs_compiled()
     start = time.perf_counter()
     try:
@@ -128,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     except NotImplementedError as err:
         raise UsageError(str(err)) from err
     elapsed = time.perf_counter() - start
-    if not streaming:  # beams, several sequences, verify steps: printed once done, one line per sequence
+    if not streaming:  # beams, several sequences: printed once done, one line per sequence
         for row in sequences.cpu():
             streamer.prompt_seen = False
             streamer.put(input_ids[0])
@@ -153,12 +179,12 @@ def _checkpoint_dir(args: argparse.Namespace) -> Path:
     return _load(path, lambda: checkpoint_path(path)) if path.is_file() else path  # a file: a GGUF one
 
 
-def _load(path: Path, load: Callable[[], Any]) -> Any:
-    """`load()`, with a loading failure reported as an invalid MODEL_DIR."""
+def _load(path: Path, load: Callable[[], Any], argument: str = "MODEL_DIR") -> Any:
+    """`load()`, with a loading failure reported as an invalid `argument`."""
     try:
         return load()
     except (OSError, ValueError, KeyError) as err:
-        raise UsageError(f"cannot load MODEL_DIR {str(path)!r}: {err}") from err
+        raise UsageError(f"cannot load {argument} {str(path)!r}: {err}") from err
 
 
 def _prompt_ids(args: argparse.Namespace, path: Path, vocab_size: int) -> tuple[torch.Tensor, Any]:
@@ -227,10 +253,15 @@ def _sampling_options(args: argparse.Namespace, config_class: type) -> dict[str,
 
 
 def _decoding_options(args: argparse.Namespace, config_class: type) -> dict[str, Any]:
-    """generate() kwargs for beam search, several sequences and prompt lookup, validated by GenerationConfig."""
+    """generate() kwargs for beam search, several sequences, prompt lookup and assisted decoding, validated by
+    GenerationConfig."""
     options: dict[str, Any] = {"num_beams": args.num_beams, "num_return_sequences": args.num_return_sequences}
     if args.prompt_lookup is not None:
         options["prompt_lookup_num_tokens"] = args.prompt_lookup
+    if args.num_assistant_tokens is not None:
+        if args.assistant is None:
+            raise UsageError("--num-assistant-tokens only applies with --assistant")
+        options["num_assistant_tokens"] = args.num_assistant_tokens
     try:
         config = config_class(do_sample=args.sample, **options)
         config.check_supported()

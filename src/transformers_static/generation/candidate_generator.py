@@ -1,38 +1,86 @@
-"""Prompt-lookup decoding (upstream's `prompt_lookup_num_tokens`) on the static path: draft tokens copied from an
-earlier occurrence of the text's last n-gram, checked by the model in one verify forward of fixed width K+1.
+"""Candidate decoding on the static path: prompt lookup (upstream's `prompt_lookup_num_tokens`) and assisted decoding
+(`assistant_model`, see `assisted_decoding`) draft tokens that the model checks in one verify forward of fixed width
+K+1.
 
 A verify step writes `[last token, K drafts]` to cache slots `cur..cur+K` and reads the logits of all K+1. The model
 turns the 2D padding mask (at the cache's full length) and `cache_position` into its static 4D mask, as a prefill
 chunk does: drafts are causal among themselves and over the cache, and the slots of rejected drafts (past the
-accepted length) are hidden by causality until the next verify overwrites them. Every verify has the same shapes
-(`[1, K+1]`, drafts padded when fewer are found), so a compiled forward sees one verify graph besides the prefill
-chunk's. Greedy only: a draft is accepted while it equals the model's own argmax, so the output is plain greedy's.
+accepted length) are hidden by causality until a later step overwrites them. Every verify has the same shapes
+(`[1, K+1]`, drafts padded when fewer are proposed), so a compiled forward sees one verify graph besides the prefill
+chunk's.
+
+Acceptance follows upstream: greedy keeps drafts while they equal the model's argmax (the output is plain greedy's);
+sampling without draft probabilities (prompt lookup) keeps them while they equal the model's own samples; sampling
+with a draft model's probabilities applies speculative sampling (`speculative_accept`), so every output token is
+distributed exactly as the model's own sample would be.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from .configuration_utils import GenerationConfig
-from .logits_process import LogitsProcessing
+from .logits_process import LogitsProcessing, next_tokens
 
 if TYPE_CHECKING:
-    from .utils import _Session
+    from .utils import Streamer, _Session
 
 DEFAULT_MAX_MATCHING_NGRAM_SIZE = 2  # upstream's
 
 
-def verify_room(config: GenerationConfig) -> int:
-    """Cache slots a verify step may write past the last new token (its drafts)."""
-    return config.prompt_lookup_num_tokens or 0
+class CandidateSource(Protocol):
+    """Where drafts come from: a prompt lookup, or a draft model."""
+
+    def propose(self, tokens: list[int], limit: int) -> tuple[list[int], torch.Tensor | None]:
+        """Up to `limit` drafts continuing `tokens` (the text so far, its last token not yet in the cache), and
+        the draft's processed scores `[len(drafts), vocab]` when it has probabilities (None otherwise)."""
+        ...
+
+    def accepted(self, drafts: list[int], taken: int) -> None:
+        """The verify step kept the first `taken` of `drafts` (then the model's own next token)."""
+        ...
+
+
+@dataclass
+class CandidateDecoding:
+    """What a candidate decode returns: the new tokens `[1, new]`, per new token (when asked) the processed scores and
+    raw logits `[1, vocab]` (float32), and counts: verify steps, drafts proposed and accepted."""
+
+    tokens: torch.Tensor
+    scores: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=lambda: {"verify_steps": 0, "drafted": 0, "accepted": 0})
+
+
+def verify_width(config: GenerationConfig) -> int:
+    """Drafts per verify step (the cache slots a step may write past the last new token); 0 without candidates."""
+    return config.prompt_lookup_num_tokens or config.num_assistant_tokens or 0
+
+
+class PromptLookup:
+    """Drafts copied from the text: what followed the leftmost earlier occurrence of its last n-gram."""
+
+    def __init__(self, config: GenerationConfig) -> None:
+        self.width = config.prompt_lookup_num_tokens
+        self.max_ngram = config.max_matching_ngram_size or DEFAULT_MAX_MATCHING_NGRAM_SIZE
+
+    def propose(self, tokens: list[int], limit: int) -> tuple[list[int], torch.Tensor | None]:
+        return lookup_candidates(tokens, min(self.width, limit), self.max_ngram), None
+
+    def accepted(self, drafts: list[int], taken: int) -> None:
+        pass
 
 
 def lookup_candidates(tokens: list[int], num_tokens: int, max_ngram: int) -> list[int]:
     """Up to `num_tokens` tokens that followed the leftmost earlier occurrence of the text's last n-gram (longest
     n first, `max_ngram` down to 1), as upstream's PromptLookupCandidateGenerator picks them; [] when none."""
     length = len(tokens)
+    if num_tokens < 1:
+        return []
     for n in range(min(max_ngram, length - 1), 0, -1):
         tail = tokens[-n:]
         for start in range(length - n):
@@ -41,115 +89,161 @@ def lookup_candidates(tokens: list[int], num_tokens: int, max_ngram: int) -> lis
     return []
 
 
-def check_prompt_lookup(config: GenerationConfig, batch: int, streaming: bool) -> None:
-    """What prompt-lookup decoding here does not combine with, refused naming the field."""
+def check_candidates(config: GenerationConfig, batch: int, assisted: bool) -> None:
+    """What candidate decoding here does not combine with, refused naming the field."""
+    name = "assistant_model" if assisted else "prompt_lookup_num_tokens"
+    if assisted and config.prompt_lookup_num_tokens is not None:
+        raise ValueError("assistant_model and prompt_lookup_num_tokens are two candidate generators: choose one")
     if config.num_beams > 1:
-        raise NotImplementedError("generate does not support num_beams > 1 with prompt_lookup_num_tokens")
+        raise NotImplementedError(f"generate does not support num_beams > 1 with {name}")
     if batch != 1:
-        raise ValueError(f"prompt-lookup decoding is only supported for batch_size = 1 (got {batch}), as upstream")
-    if config.prompt_lookup_num_tokens < 1 or (
-        config.max_matching_ngram_size is not None and config.max_matching_ngram_size < 1
+        raise ValueError(f"{name} decoding is only supported for batch_size = 1 (got {batch}), as upstream")
+    if not assisted and (
+        config.prompt_lookup_num_tokens < 1
+        or (config.max_matching_ngram_size is not None and config.max_matching_ngram_size < 1)
     ):
         raise ValueError("prompt_lookup_num_tokens and max_matching_ngram_size must be >= 1")
-    if config.do_sample:
-        raise NotImplementedError("generate does not support do_sample=True with prompt_lookup_num_tokens (sampling)")
     if config.cache_implementation == "dynamic":
         raise NotImplementedError(
-            "generate does not support cache_implementation='dynamic' with prompt_lookup_num_tokens: the verify step "
-            "runs on the static cache"
+            f"generate does not support cache_implementation='dynamic' with {name}: the verify step runs on the "
+            "static cache"
         )
-    refused = {
-        "stop_strings": config.stop_strings is not None,
-        "max_time": config.max_time is not None,
-        "output_scores": bool(config.return_dict_in_generate and config.output_scores),
-        "output_logits": bool(config.return_dict_in_generate and config.output_logits),
-        "streamer": streaming,
-    }
-    if names := [name for name, asked in refused.items() if asked]:
-        raise NotImplementedError(f"generate does not support {', '.join(names)} with prompt_lookup_num_tokens")
+    if config.stop_strings is not None:
+        raise NotImplementedError(f"generate does not support stop_strings with {name}")
 
 
-def prompt_lookup(
-    model: Any,
+def check_processing(processing: LogitsProcessing, name: str) -> None:
+    """Processors that read the token history cannot score K+1 positions at once: refused."""
+    if not processing.stateless:
+        raise NotImplementedError(
+            "generate does not support logits processors (repetition penalties, min length, suppressed tokens, ...) "
+            f"with {name}; the sampling warpers (temperature, top_k, top_p, ...) are supported"
+        )
+
+
+def candidate_decode(
     session: _Session,
     logits: torch.Tensor,
     config: GenerationConfig,
     processing: LogitsProcessing,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    max_new_tokens: int,
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """`generate`'s decode for prompt-lookup decoding: the new tokens `[1, new]` (no scores or logits kept)."""
-    if processing.processors:
-        raise NotImplementedError(
-            "generate does not support logits processors (repetition penalties, min length, suppressed tokens, ...) "
-            "with prompt_lookup_num_tokens"
-        )
-    if session.cache.ring_windows and config.prompt_lookup_num_tokens + 1 > config.prefill_chunk:
-        raise ValueError(
-            f"prompt_lookup_num_tokens ({config.prompt_lookup_num_tokens}) + 1 must be <= prefill_chunk_size "
-            f"({config.prefill_chunk}) on a model with sliding-window ring caches (a verify step must fit the ring)"
-        )
-    prompt = input_ids[0][attention_mask[0].bool()].tolist()
-    new_tokens, _ = prompt_lookup_decode(model, session, logits, config, prompt, max_new_tokens)
-    return new_tokens, [], []
-
-
-def prompt_lookup_decode(
-    model: Any,
-    session: _Session,
-    logits: torch.Tensor,
-    config: GenerationConfig,
+    source: CandidateSource,
     prompt: list[int],
     max_new_tokens: int,
-) -> tuple[torch.Tensor, dict[str, int]]:
-    """Greedy decoding of one row from the prefill's `logits` `[1, vocab]`, `prompt` its real tokens; returns the new
-    tokens `[1, new]` (ending at the first EOS) and counts: verify steps, drafts proposed and accepted."""
-    width = config.prompt_lookup_num_tokens
-    max_ngram = config.max_matching_ngram_size or DEFAULT_MAX_MATCHING_NGRAM_SIZE
+    *,
+    generator: torch.Generator | None = None,
+    streamer: Streamer | None = None,
+    deadline: float | None = None,
+    max_model_position: int | None = None,
+) -> CandidateDecoding:
+    """Decode one row from the prefill's `logits` `[1, vocab]` (`prompt` its real tokens) with drafts from `source`
+    checked by verify steps; ends at the first EOS, `max_new_tokens` or the `deadline` (`time.monotonic()`, checked
+    between steps, as upstream checks max_time)."""
+    width = verify_width(config)
     eos = set(config.eos_token_ids)
     device = logits.device
+    keep_scores = bool(config.return_dict_in_generate and config.output_scores)
+    keep_logits = bool(config.return_dict_in_generate and config.output_logits)
     # The 2D padding mask at full length: the prompt's padding, then real slots (causality hides the unwritten).
     padding = torch.ones(1, session.capacity, dtype=torch.bool, device=device)
     padding[:, : session.prompt_mask.shape[1]] = session.prompt_mask.bool()
     offsets = torch.arange(width + 1, device=device)
     # draft positions past a position table are never kept: clamped, never indexed past it
-    last_position = model.max_positions - 1 if model.max_positions is not None else torch.iinfo(torch.long).max
-    new = [int(logits[0].argmax())]
-    stats = {"verify_steps": 0, "drafted": 0, "accepted": 0}
+    last_position = torch.iinfo(torch.long).max if max_model_position is None else max_model_position - 1
+    scores = processing(logits)  # [1, vocab]
+    result = CandidateDecoding(torch.empty(0))
+    new: list[int] = []
+    record = Recorder(result, new, keep_scores, keep_logits, streamer)
+    record(next_tokens(scores, config.do_sample, generator).tolist(), scores, logits)
     while len(new) < max_new_tokens and new[-1] not in eos:
-        drafts = lookup_candidates(prompt + new, width, max_ngram)[: max_new_tokens - len(new)]
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        drafts, draft_scores = source.propose(prompt + new, max_new_tokens - len(new) - 1)
         fed = torch.tensor([[new[-1], *drafts] + [new[-1]] * (width - len(drafts))], device=device)  # [1, K+1]
         cache_position = session.cache_position + offsets  # [K+1]
         position_ids = (session.position_ids + offsets).clamp(max=last_position)  # [1, K+1]
-        predicted = model_verify(session, fed, padding, position_ids, cache_position).tolist()  # [K+1]
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == predicted[accepted] and drafts[accepted] not in eos:
-            accepted += 1
-        new += predicted[: accepted + 1][: max_new_tokens - len(new)]
-        stats["verify_steps"] += 1
-        stats["drafted"] += len(drafts)
-        stats["accepted"] += accepted
-        session.cache_position.add_(accepted + 1)
-        session.position_ids.add_(accepted + 1)
-    if eos & set(new):
-        new = new[: next(i for i, t in enumerate(new) if t in eos) + 1]
-    return torch.tensor([new], device=device), stats
+        verify_logits = session.forward(
+            fed,
+            attention_mask=padding,
+            position_ids=position_ids,
+            past_key_values=session.cache,
+            cache_position=cache_position,
+        ).logits[0]  # [K+1, vocab]
+        verify_scores = processing(verify_logits)  # the warpers work row by row: the K+1 positions as a batch
+        taken, bonus = accept(drafts, draft_scores, verify_scores, config.do_sample, generator)
+        kept = (drafts[:taken] + [bonus])[: max_new_tokens - len(new)]
+        if eos & set(kept):
+            kept = kept[: next(i for i, t in enumerate(kept) if t in eos) + 1]
+        taken = min(taken, len(kept))
+        source.accepted(drafts, taken)
+        result.stats["verify_steps"] += 1
+        result.stats["drafted"] += len(drafts)
+        result.stats["accepted"] += taken
+        # the cache now holds the last token and the taken drafts; the next step starts at the model's own token
+        session.cache_position.add_(len(kept))
+        session.position_ids.add_(len(kept))
+        record(kept, verify_scores[: len(kept)], verify_logits[: len(kept)])
+    result.tokens = torch.tensor([new], device=device)
+    return result
 
 
-def model_verify(
-    session: _Session,
-    fed: torch.Tensor,
-    padding: torch.Tensor,
-    position_ids: torch.Tensor,
-    cache_position: torch.Tensor,
-) -> torch.Tensor:
-    """One verify forward of `fed` `[1, K+1]` at `cache_position` `[K+1]`: the model's argmax at each `[K+1]`."""
-    logits = session.forward(
-        fed,
-        attention_mask=padding,
-        position_ids=position_ids,
-        past_key_values=session.cache,
-        cache_position=cache_position,
-    ).logits  # [1, K+1, vocab]
-    return logits[0].argmax(dim=-1)
+@dataclass
+class Recorder:
+    """Appends each step's kept tokens to `new` (and their scores / raw logits to `result`, when asked) and streams
+    them."""
+
+    result: CandidateDecoding
+    new: list[int]
+    keep_scores: bool
+    keep_logits: bool
+    streamer: Streamer | None
+
+    def __call__(self, kept: list[int], scores: torch.Tensor, logits: torch.Tensor) -> None:
+        """`kept` tokens, their `[len(kept), vocab]` processed scores and raw logits."""
+        self.new += kept
+        # copies, in float32: a CUDA-graph output is overwritten by the next replay
+        if self.keep_scores:
+            self.result.scores += [row[None].to(torch.float32, copy=True) for row in scores]
+        if self.keep_logits:
+            self.result.logits += [row[None].to(torch.float32, copy=True) for row in logits]
+        if self.streamer is not None:
+            self.streamer.put(torch.tensor(kept))
+
+
+def accept(
+    drafts: list[int],
+    draft_scores: torch.Tensor | None,
+    scores: torch.Tensor,
+    do_sample: bool,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """How many drafts a verify step keeps, and the model's own token after them. `scores` `[K+1, vocab]`: the
+    model's processed scores at each fed position; `draft_scores` `[len(drafts), vocab]` or None."""
+    if do_sample and draft_scores is not None and drafts:
+        return speculative_accept(drafts, draft_scores, scores, generator)
+    picked = next_tokens(scores[: len(drafts) + 1], do_sample, generator).tolist()  # [len(drafts) + 1]
+    taken = 0
+    while taken < len(drafts) and drafts[taken] == picked[taken]:
+        taken += 1
+    return taken, picked[taken]
+
+
+def speculative_accept(
+    drafts: list[int], draft_scores: torch.Tensor, scores: torch.Tensor, generator: torch.Generator | None
+) -> tuple[int, int]:
+    """Speculative sampling (Leviathan et al. 2023, algorithm 1, as upstream's `_speculative_sampling`): keep draft
+    i with probability min(1, p_i / q_i) until the first rejection, then sample from the normalised residual
+    max(p - q, 0) there (or from p after the last draft). Each kept token is distributed as a sample from p."""
+    k = len(drafts)
+    p = scores[: k + 1].float().softmax(dim=-1)  # [k+1, vocab]: the model
+    q = draft_scores.float().softmax(dim=-1)  # [k, vocab]: the draft
+    index = torch.arange(k, device=p.device)
+    drafted = torch.tensor(drafts, device=p.device)
+    ratio = p[index, drafted] / q[index, drafted]  # [k]
+    uniform = torch.rand(k, generator=generator, device=p.device)
+    taken = int((uniform > ratio).long().cumsum(0).eq(0).sum())
+    target = p[taken]
+    if taken < k:
+        residual = (p[taken] - q[taken]).clamp(min=0)
+        # a rejection means p < q at the draft, so the residual has mass; rounding could still leave none
+        target = residual / residual.sum() if bool(residual.sum() > 0) else p[taken]
+    return taken, int(torch.multinomial(target, 1, generator=generator))

@@ -284,9 +284,10 @@ class LogitsProcessing:
     last-position logits `[batch, vocab]`; returns float32 scores (the logits as given when nothing processes them:
     the argmax is the same)."""
 
-    def __init__(self, processors: list[Processor], history: TokenHistory) -> None:
+    def __init__(self, processors: list[Processor], history: TokenHistory, stateless: bool) -> None:
         self.processors = processors
         self.history = history
+        self.stateless = stateless  # only row-wise warpers: no processor reads the history or the step
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.processors:
@@ -341,10 +342,11 @@ def logits_processing(
     if config.bad_words_ids is not None:
         found.append(_bias_processor(biases[1], history, vocab_size, prompt_ids.device))
     found += _step_processors(config, lengths, history, prompt_width, vocab_size, prompt_ids.device)
+    stateless = not found
     found += warpers(config)
     if config.renormalize_logits:
         found.append(renormalize)
-    return LogitsProcessing(found, history)
+    return LogitsProcessing(found, history, stateless)
 
 
 def _step_processors(

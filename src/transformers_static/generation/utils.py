@@ -27,8 +27,9 @@ from ..cache_utils import DynamicCache, StaticCache
 from ..configuration_utils import PretrainedConfig
 from ..modeling_attn_mask_utils import StaticDecodeMask, mask_converters, position_ids_from_padding
 from ..modeling_inputs import inputs_checked
+from .assisted_decoding import DraftModel, check_assistant, resolve_assistant_fields
 from .beam_search import GenerateBeamDecoderOnlyOutput, beam_search, expand_rows
-from .candidate_generator import check_prompt_lookup, prompt_lookup, verify_room
+from .candidate_generator import PromptLookup, candidate_decode, check_candidates, check_processing, verify_width
 from .compilation import compile_forward, default_strategy
 from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig, generation_lengths, warn_once
 from .logits_process import LogitsProcessing, logits_processing, next_tokens
@@ -37,8 +38,7 @@ from .stopping_criteria import HostStops, StopStrings, Tokenizer
 
 # Arguments of upstream's generate this library does not take, and what they ask for.
 REFUSED_ARGUMENTS = {
-    "assistant_model": "assisted decoding",
-    "assistant_tokenizer": "assisted decoding",
+    "assistant_tokenizer": "universal assisted decoding (an assistant with another tokenizer)",
     "logits_processor": "custom logits processors (use the generation config's fields)",
     "stopping_criteria": "custom stopping criteria (use stop_strings, max_time, eos_token_id)",
     "prefix_allowed_tokens_fn": "prefix-constrained decoding",
@@ -113,6 +113,7 @@ class GenerationMixin:
         past_key_values: StaticCache | None = None,
         compile: bool | str = False,
         tokenizer: Tokenizer | None = None,
+        assistant_model: GenerationMixin | None = None,
         **kwargs: Any,
     ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput:
         """Greedy, sampled or beam-search generation, batched, stopping per row on EOS or a stop string.
@@ -121,7 +122,8 @@ class GenerationMixin:
         model's `generation_config`, as upstream layers them; a value asking for what this library does not do
         (contrastive search, assisted decoding, ...) raises NotImplementedError. Right padding is moved to the left
         (the returned prompt is left-padded). `generator` seeds sampling; `past_key_values` supplies a StaticCache to fill;
-        `tokenizer` decodes for `stop_strings`; `compile=True` (or "full" / "regional") runs the decode steps through a
+        `tokenizer` decodes for `stop_strings`; `assistant_model` (a smaller model of this library with the same
+        vocabulary) drafts tokens that this model verifies (see `generation.assisted_decoding`); `compile=True` (or "full" / "regional") runs the decode steps through a
         forward compiled once for the device (`compiled_forward`; the prefill runs eager, as upstream's compiled
         generation does; logits processing runs eager, and is compile-ready). Returns
         `[batch, prompt_len + new]` token ids, or a GenerateDecoderOnlyOutput when `return_dict_in_generate`.
@@ -147,8 +149,12 @@ class GenerationMixin:
             raise ValueError(
                 "`streamer` cannot be used with beam search (yet!). Make sure that `num_beams` is set to 1."
             )
-        if config.prompt_lookup_num_tokens is not None:
-            check_prompt_lookup(config, input_ids.shape[0], streaming=streamer is not None)
+        if assistant_model is not None:
+            check_assistant(self, assistant_model)
+            resolve_assistant_fields(config, assistant_model)
+        candidates = assistant_model is not None or config.prompt_lookup_num_tokens is not None
+        if candidates:
+            check_candidates(config, input_ids.shape[0], assisted=assistant_model is not None)
         lengths = generation_lengths(
             config,
             input_ids.shape[1],
@@ -166,7 +172,7 @@ class GenerationMixin:
                 session, logits = self._prefill_dynamic(fed, attention_mask, lengths.max_new_tokens)
             else:
                 session, logits = self._prefill_static(
-                    fed, attention_mask, config, lengths.max_new_tokens + verify_room(config), past_key_values
+                    fed, attention_mask, config, lengths.max_new_tokens + verify_width(config), past_key_values
                 )
         processing = logits_processing(
             config,
@@ -185,9 +191,19 @@ class GenerationMixin:
         if streamer is not None:
             streamer.put(input_ids.cpu())
         with inputs_checked():
-            if config.prompt_lookup_num_tokens is not None:
-                new_tokens, scores, all_logits = prompt_lookup(
-                    self, session, logits, config, processing, input_ids, attention_mask, lengths.max_new_tokens
+            if candidates:
+                new_tokens, scores, all_logits = self._candidate_decode(
+                    session,
+                    logits,
+                    config,
+                    processing,
+                    (fed, attention_mask),
+                    lengths.max_new_tokens,
+                    assistant=assistant_model,
+                    compile=compile,
+                    generator=generator,
+                    streamer=streamer,
+                    deadline=stops.deadline,
                 )
             else:
                 new_tokens, scores, all_logits = self._decode(
@@ -379,6 +395,54 @@ class GenerationMixin:
         return cached[1]
 
     # ------------------------------------------------------------------ decode
+    def _candidate_decode(
+        self,
+        session: _Session,
+        logits: torch.Tensor,
+        config: GenerationConfig,
+        processing: LogitsProcessing,
+        prompt: tuple[torch.Tensor, torch.Tensor],
+        max_new_tokens: int,
+        *,
+        assistant: GenerationMixin | None,
+        compile: bool | str,
+        generator: torch.Generator | None,
+        streamer: Streamer | None,
+        deadline: float | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Decode one row with drafts (prompt lookup, or the `assistant`'s) checked in verify steps; `prompt`: the
+        prompt's ids and mask `[1, prompt_len]` as given. Returns what `_decode` returns."""
+        check_processing(processing, "assistant_model" if assistant is not None else "prompt_lookup_num_tokens")
+        width = verify_width(config)
+        if session.cache.ring_windows and width + 1 > config.prefill_chunk:
+            name = "num_assistant_tokens" if assistant is not None else "prompt_lookup_num_tokens"
+            raise ValueError(
+                f"{name} ({width}) + 1 must be <= prefill_chunk_size ({config.prefill_chunk}) on a model with "
+                "sliding-window ring caches (a verify step must fit the ring)"
+            )
+        ids, mask = prompt
+        source: PromptLookup | DraftModel = PromptLookup(config)
+        if assistant is not None:
+            assistant._check_fits_position_table(mask, max_new_tokens)
+            draft, _ = assistant._prefill_static(ids, mask, config, max_new_tokens + width, None)
+            if compile:
+                draft.forward = assistant.compiled_forward(compile)
+            source = DraftModel(draft, config, processing, generator, assistant.max_positions)
+        decoded = candidate_decode(
+            session,
+            logits,
+            config,
+            processing,
+            source,
+            ids[0][mask[0].bool()].tolist(),
+            max_new_tokens,
+            generator=generator,
+            streamer=streamer,
+            deadline=deadline,
+            max_model_position=self.max_positions,
+        )
+        return decoded.tokens, decoded.scores, decoded.logits
+
     def _decode(
         self,
         session: _Session,
