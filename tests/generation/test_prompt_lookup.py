@@ -112,3 +112,17 @@ def test_prompt_lookup_refusals_name_the_field(llama: Pair, kwargs: dict, error:
 def test_prompt_lookup_refuses_batches_as_upstream(llama: Pair) -> None:
     with pytest.raises(ValueError, match="batch_size = 1"):
         llama.ours.generate(torch.tensor([[4, 5], [6, 7]]), max_new_tokens=2, prompt_lookup_num_tokens=3)
+
+
+def test_prompt_lookup_sampling_and_scores_follow_the_model(llama: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampling with top_k=1 is greedy: drafts are kept while they equal the model's samples, and each kept
+    token's scores are the model's at its position."""
+    prompt = copy_heavy_prompt(llama.ours)
+    outputs = dict(return_dict_in_generate=True, output_scores=True, output_logits=True, max_new_tokens=30)
+    expected = llama.ours.generate(prompt, **outputs, **GREEDY)
+    stats = candidate_stats(monkeypatch)
+    sampled = llama.ours.generate(prompt, prompt_lookup_num_tokens=5, do_sample=True, top_k=1, **outputs, **GREEDY)
+    assert torch.equal(sampled.sequences, expected.sequences)
+    assert stats["accepted"] > 0
+    torch.testing.assert_close(torch.cat(sampled.logits), torch.cat(expected.logits), atol=1e-5, rtol=1e-5)
+    assert all(bool(torch.isfinite(s).sum() == 1) for s in sampled.scores)  # top_k=1: one token left per step
