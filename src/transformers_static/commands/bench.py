@@ -3,6 +3,7 @@
 transformers-static bench [MODEL_DIR | FILE.gguf | --arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
                           [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream]
                           [--user-compiled] [--quantization int8] [--tp N]
+transformers-static bench --prompt-lookup K [MODEL_DIR | --preset NAME] [--new-tokens N] [--repeats N] [--no-compile]
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def add_parser(commands: Any) -> None:
         metavar="N",
         help="instead: ours in one process next to tensor parallel over N ranks (torchrun subprocesses)",
     )
+    parser.add_argument(
+        "--prompt-lookup",
+        type=positive_int,
+        metavar="K",
+        help="instead: plain compiled decoding vs prompt lookup with K drafts per verify step, on a code-editing "
+        "task that copies its prompt (default model: the smollm2-135m preset)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     add_device_args(parser, default_dtype="float32")
     parser.set_defaults(handler=run, parser=parser)
@@ -84,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--user-compiled and --quantization add compiled variants: drop --no-compile")
     if args.tp is not None:
         _check_tp_args(args)
+    if args.prompt_lookup is not None:
+        return _run_prompt_lookup(args)
     models = _bench_models(args)
     out = args.out or cache_root() / "bench"
     _check_writable(out)
@@ -132,6 +142,39 @@ def _run_tensor_parallel(options: Any, world_size: int) -> int:
     results = run_tp_benchmark(options, world_size)
     print(format_tp_table(results))
     print(f"\nwrote {options.out / 'tp_results.json'}")
+    return 0
+
+
+def _run_prompt_lookup(args: argparse.Namespace) -> int:
+    from ..bench.candidates import format_lookup_table, run_prompt_lookup_bench
+    from ..bench.presets import DEFAULT_PRESET, cache_root, preset_path
+
+    other = {"--tp": args.tp, "--user-compiled": args.user_compiled, "--quantization": args.quantization}
+    other["--arch"] = args.arch
+    if given := [flag for flag, value in other.items() if value]:
+        raise UsageError(f"{', '.join(given)} cannot be combined with --prompt-lookup")
+    if args.model_dir is not None and args.preset is not None:
+        raise UsageError("give MODEL_DIR or --preset, not both")
+    if args.preset is not None and len(args.preset) != 1:
+        raise UsageError("--prompt-lookup runs one model: give one --preset")
+    path = (
+        model_dir_path(args.model_dir)
+        if args.model_dir is not None
+        else preset_path((args.preset or [DEFAULT_PRESET])[0])
+    )
+    out = args.out or cache_root() / "bench"
+    _check_writable(out)
+    _warn_if_busy()
+    options = dict(new_tokens=args.new_tokens, repeats=args.repeats, device=parse_device(args), out=out)
+    options["compile"] = not args.no_compile
+    try:
+        report = run_prompt_lookup_bench(
+            path, num_tokens=args.prompt_lookup, dtype=getattr(torch, args.dtype), **options
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    print(format_lookup_table(report))
+    print(f"\nwrote {out / 'prompt_lookup.json'}")
     return 0
 
 
