@@ -107,3 +107,16 @@ def test_generation_config_as_upstreams_class_or_a_dict(form, where, checkpoint)
     expected_text = pipe("Hello", **call)
     pipe, call = run(transformers_static, config, do_sample=False)
     assert pipe("Hello", **call) == expected_text
+
+
+def test_assistant_model_drafts_for_the_pipeline(checkpoint, monkeypatch) -> None:
+    """upstream's `pipeline(..., assistant_model=model)`: assisted greedy decoding makes the pipeline's own text."""
+    from .generation.conftest import candidate_stats
+
+    pipe = transformers_static.pipeline("text-generation", model=checkpoint)
+    draft = transformers_static.AutoModelForCausalLM.from_pretrained(checkpoint)
+    plain = pipe("Hello there", max_new_tokens=12, do_sample=False)
+    stats = candidate_stats(monkeypatch)
+    assisted = pipe("Hello there", max_new_tokens=12, do_sample=False, assistant_model=draft)
+    assert assisted == plain and len(plain[0]["generated_text"]) > len("Hello there")
+    assert stats["drafted"] > 0

@@ -223,6 +223,7 @@ def test_assisted_sampling_keeps_the_model_joint_distribution(llama: Pair, qwen2
         (dict(stop_strings="x"), NotImplementedError, "stop_strings with assistant_model"),
         (dict(cache_implementation="dynamic"), NotImplementedError, "cache_implementation='dynamic'"),
         (dict(assistant_tokenizer=object()), NotImplementedError, "universal assisted decoding"),
+        (dict(assistant_ensemble_weight=0.5), NotImplementedError, "assistant_ensemble_weight .ensemble"),
     ],
 )
 def test_assisted_refusals_name_the_field(

@@ -110,6 +110,9 @@ def check_candidates(config: GenerationConfig, batch: int, assisted: bool) -> No
         )
     if config.stop_strings is not None:
         raise NotImplementedError(f"generate does not support stop_strings with {name}")
+    for field_name, what in (("assistant_ensemble_weight", "ensemble verification"), ("speculation_type", "DFlash")):
+        if getattr(config, field_name) is not None:
+            raise NotImplementedError(f"generate does not support {field_name} ({what}) with {name}")
 
 
 def check_processing(processing: LogitsProcessing, name: str) -> None:

@@ -14,7 +14,7 @@ from ..utils.chat_template_utils import Chat, is_valid_message
 # Parameters set by neither the user nor the model's generation config take these values, as upstream's pipeline.
 DEFAULT_GENERATION = {"max_new_tokens": 256, "do_sample": True, "temperature": 0.7}
 SAMPLING_PARAMS = {"temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff"}
-UNSUPPORTED = ("prefix", "handle_long_generation", "stop_sequence", "num_workers", "assistant_model")
+UNSUPPORTED = ("prefix", "handle_long_generation", "stop_sequence", "num_workers")
 
 
 class ReturnType(enum.Enum):
