@@ -219,3 +219,88 @@ def test_ring_cache_bytes_against_upstream_at_8192() -> None:
     assert theirs_bytes == 3 * (4096 + 8192) * slot
     assert ours_bytes == theirs_bytes + 3 * 31 * slot
     assert ours_bytes < 0.76 * 6 * 8192 * slot
+
+
+# ---------------------------------------------------------------- per-row cache positions (serving slots)
+def test_per_row_cache_position_writes_each_rows_own_slots() -> None:
+    cache = StaticCache(CONFIG, max_batch_size=3, max_cache_len=5)
+    new = torch.arange(1.0, 4.0)[:, None, None, None].expand(3, 2, 1, 4)  # row r writes r + 1
+    keys, values = cache.update(new, -new, 0, torch.tensor([[4], [0], [2]]))  # [batch, q_len]
+    assert keys[:, 0, :, 0].tolist() == [[0, 0, 0, 0, 1], [2, 0, 0, 0, 0], [0, 0, 3, 0, 0]]
+    assert values[:, 1, :, 0].tolist() == [[0, 0, 0, 0, -1], [-2, 0, 0, 0, 0], [0, 0, -3, 0, 0]]
+    positions = cache.update_positions(torch.tensor([[7], [8], [9]]), torch.tensor([[4], [0], [2]]))
+    assert positions.tolist() == [[0, 0, 0, 0, 7], [8, 0, 0, 0, 0], [0, 0, 9, 0, 0]]
+
+
+def test_rows_view_writes_and_attends_only_its_rows() -> None:
+    cache = StaticCache(CONFIG, max_batch_size=3, max_cache_len=4)
+    view = cache.rows(torch.tensor([2]))
+    keys, values = view.update(states(1, 2, 5.0), states(1, 2, 6.0), 1, torch.tensor([1, 2]))
+    assert keys.shape == (1, 2, 4, 4) and keys[0, 0, :, 0].tolist() == [0, 5, 5, 0]
+    assert cache.key_cache[1][2, 1, :, 0].tolist() == [0, 5, 5, 0] and cache.key_cache[1][:2].abs().sum() == 0
+    assert cache.value_cache[1][2, 0, :, 3].tolist() == [0, 6, 6, 0] and cache.key_cache[0].abs().sum() == 0
+    view.rows.fill_(0)  # the same view, another row: set in place
+    view.update(states(1, 1, 7.0), states(1, 1, 7.0), 1, torch.tensor([[3]]))
+    assert cache.key_cache[1][0, 0, :, 0].tolist() == [0, 0, 0, 7]
+    assert view.update_positions(torch.tensor([[4]]), torch.tensor([3])).tolist() == [[0, 0, 0, 4]]
+    assert cache.key_positions[1:].abs().sum() == 0
+    with pytest.raises(ValueError, match=r"rows \[3\] outside the StaticCache's 3 rows"):
+        cache.rows(torch.tensor([3])).validate(1, torch.tensor([0]))
+
+
+def test_per_row_positions_are_refused_on_ring_caches() -> None:
+    cache = ring_cache()
+    with pytest.raises(ValueError, match=r"per-row cache_position \[1, 1\] \[batch, q_len\] needs full-length"):
+        cache.ring_key_positions(torch.tensor([[3]]))
+    with pytest.raises(ValueError, match="StaticCache.rows needs full-length slots"):
+        cache.rows(torch.tensor([0]))
+
+
+@pytest.mark.parametrize("model_name", ["llama", "bloom"])
+def test_per_row_decode_matches_each_row_run_alone(model_name: str) -> None:
+    """Rows at different lengths decode in one forward (per-row cache positions; Bloom: per-row ALiBi key
+    positions), each as if run alone; prefills go in through the rows view."""
+    import transformers_static as ts
+
+    torch.manual_seed(0)
+    if model_name == "llama":
+        config = LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2,
+        )  # fmt: skip
+        model = ts.LlamaForCausalLM(config).eval()
+    else:
+        config = ts.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+        model = ts.BloomForCausalLM(config).eval()
+    prompts = [torch.randint(0, 64, (n,)) for n in (5, 2, 7)]
+    cache = StaticCache(config, max_batch_size=3, max_cache_len=10)
+    view = cache.rows(torch.zeros(1, dtype=torch.long))
+    with torch.no_grad():
+        for row, prompt in enumerate(prompts):
+            view.rows.fill_(row)
+            model(prompt[None], past_key_values=view, cache_position=torch.arange(len(prompt)))
+        step = torch.tensor([[3], [4], [5]])
+        together = model(step, past_key_values=cache, cache_position=torch.tensor([[5], [2], [7]])).logits
+        for row, prompt in enumerate(prompts):
+            alone = StaticCache(config, max_batch_size=1, max_cache_len=10)
+            ids = torch.cat([prompt, step[row]])[None]
+            expected = model(ids, past_key_values=alone, cache_position=torch.arange(ids.shape[1])).logits[:, -1]
+            torch.testing.assert_close(together[row], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_per_row_cache_position_needs_a_static_cache_and_the_batch() -> None:
+    import transformers_static as ts
+
+    config = LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = ts.LlamaForCausalLM(config).eval()
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"cache_position must have shape \[1\] \(q_len\), got \[2, 1\]"):
+        model(ids, past_key_values=DynamicCache(), cache_position=torch.tensor([[0], [1]]))
+    cache = StaticCache(config, max_batch_size=2, max_cache_len=4)
+    with pytest.raises(ValueError, match=r"or \[2, 1\] \(batch, q_len\) with a StaticCache, got \[3, 1\]"):
+        model(ids, past_key_values=cache, cache_position=torch.tensor([[0], [1], [2]]))
+    with pytest.raises(ValueError, match="cache_position reaches 4, past the StaticCache's max_cache_len 4"):
+        model(ids, past_key_values=cache, cache_position=torch.tensor([[0], [4]]))
+    assert cache.key_cache[0].abs().sum() == 0  # refused before any write

@@ -292,3 +292,32 @@ def test_ring_decode_rows_advance_in_place(window: int, slots: int) -> None:
         )
         assert row.data_ptr() == address
         assert torch.equal(row, expected), position
+
+
+def test_per_row_cache_positions_give_each_row_its_own_causal_rows() -> None:
+    """`cache_position` `[batch, q_len]`: each row's queries see its keys up to their own slot."""
+    mask = AttentionMaskConverter().to_4d(
+        None, batch_size=2, q_len=1, kv_len=5, cache_position=torch.tensor([[3], [1]])
+    )
+    assert mask.shape == (2, 1, 1, 5)
+    assert as_int(mask[:, 0, 0]) == [[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_per_row_masks_match_each_row_built_alone(window: int | None) -> None:
+    """Per-row masks (with padding and a window) are the stack of each row's mask at its own positions."""
+    converter = AttentionMaskConverter(sliding_window=window)
+    padding = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 0, 1, 1]])
+    positions = torch.tensor([[2, 3], [4, 5]])
+    mask = converter.to_4d(padding, batch_size=2, q_len=2, kv_len=6, cache_position=positions)
+    for row in range(2):
+        alone = converter.to_4d(padding[row : row + 1], batch_size=1, q_len=2, kv_len=6, cache_position=positions[row])
+        assert torch.equal(mask[row : row + 1], alone)
+    assert as_int(mask[1, 0]) == (
+        [[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1]] if window else [[1, 1, 1, 0, 1, 0], [1, 1, 1, 0, 1, 1]]
+    )
+
+
+def test_position_ids_from_padding_per_row() -> None:
+    padding = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    assert position_ids_from_padding(padding, torch.tensor([[3], [1]])).tolist() == [[1], [1]]

@@ -6,6 +6,11 @@ A StaticCache gives each sliding-window layer (window W) a ring of `W - 1 + pref
 to `prefill_chunk_size` tokens writes in place and its queries find their W keys (the W - 1 before the first, the
 chunk itself) in the ring; a longer one attends the ring as it was plus its new states, as upstream's
 StaticSlidingWindowLayer does, and keeps the last `slots` of them.
+
+Per-row positions (a server's slots, each row a request at its own length): `cache_position` may be
+`[batch, q_len]`, each row writing its own slots (a scatter on the slot axis; shapes fixed, no host read), and
+`StaticCache.rows(rows)` is a view that writes and attends only the rows `rows` `[batch]` (a prefill chunk into one
+row). Per-row positions need full-length slots: a cache with sliding-window rings refuses them.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class Cache:
         raise NotImplementedError
 
     def validate(self, batch_size: int, cache_position: torch.Tensor) -> None:
-        """Raise a ValueError before any write if `batch_size` tokens at `cache_position` do not fit."""
+        """Raise a ValueError before any write if `batch_size` rows of tokens at `cache_position` (`[q_len]`, or
+        `[batch, q_len]` per row) do not fit."""
 
     def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         """Store the new tokens' positions `[batch, q_len]`; return every key slot's position `[batch, kv_len]`
@@ -153,10 +159,17 @@ class StaticCache(Cache):
 
     def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         key_positions = self.key_positions[: position_ids.shape[0]]  # [batch, max_cache_len]
+        if cache_position.dim() == 2:  # per row: [batch, q_len]
+            return key_positions.scatter_(1, cache_position, position_ids)
         key_positions.index_copy_(1, cache_position, position_ids)
         return key_positions
 
+    def rows(self, rows: torch.Tensor) -> StaticCacheRows:
+        """A view of the rows `rows` `[batch]` of this cache (see StaticCacheRows)."""
+        return StaticCacheRows(self, rows)
+
     def ring_key_positions(self, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
+        self._check_rows_fit_rings(cache_position)
         positions = {}
         for kind, window in self.ring_windows.items():
             held = self.ring_cache_positions[kind]  # [slots]
@@ -198,6 +211,7 @@ class StaticCache(Cache):
                 f"cache_position reaches {int(cache_position.max())}, past the StaticCache's max_cache_len "
                 f"{self.max_cache_len} (valid slots 0..{self.max_cache_len - 1})"
             )
+        self._check_rows_fit_rings(cache_position)
         for kind, held in self.ring_cache_positions.items():
             slots = held.shape[0]
             written = cache_position[-slots:] % slots
@@ -206,6 +220,17 @@ class StaticCache(Cache):
                     f"cache_position {cache_position.tolist()} writes two tokens to one slot of the {kind} layers' "
                     f"ring ({slots} slots, position p in slot p % {slots}): one forward writes each slot once"
                 )
+
+    def _check_rows_fit_rings(self, cache_position: torch.Tensor) -> None:
+        """Per-row cache positions `[batch, q_len]` need full-length slots: a ring holds one record of positions
+        for all rows (a shape check, free under compile)."""
+        if cache_position.dim() == 2 and self.ring_windows:
+            raise ValueError(
+                f"per-row cache_position {list(cache_position.shape)} [batch, q_len] needs full-length slots, but "
+                f"this StaticCache keeps its sliding-window layers in rings (windows {self.ring_windows}): build it "
+                "with prefill_chunk_size >= max_cache_len - window + 1 (full-length slots), or share one "
+                "cache_position [q_len] by all rows"
+            )
 
     def reset(self) -> None:
         """Zero every slot in place, rings unwritten (shapes and addresses unchanged, so compiled graphs stay
@@ -229,10 +254,16 @@ class StaticLayerCache:
     def update_layer(
         self, key_states: torch.Tensor, value_states: torch.Tensor, cache_position: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `[batch, kv_heads, q_len, head_dim]` at `cache_position`; return what attention sees: all slots of
-        the batch's rows, or for a ring given more tokens than its room, the ring as it was then the new states."""
+        """Write `[batch, kv_heads, q_len, head_dim]` at `cache_position` (`[q_len]`, or `[batch, q_len]`: each
+        row its own slots); return what attention sees: all slots of the batch's rows, or for a ring given more
+        tokens than its room, the ring as it was then the new states."""
         batch = key_states.shape[0]
         keys, values = self.keys[:batch], self.values[:batch]  # [batch, kv_heads, slots, head_dim]
+        if cache_position.dim() == 2:  # per row (full-length slots only: StaticCache refuses rings)
+            index = cache_position[:, None, :, None].expand_as(key_states)  # [batch, kv_heads, q_len, head_dim]
+            keys.scatter_(2, index, key_states.to(keys.dtype))
+            values.scatter_(2, index, value_states.to(values.dtype))
+            return keys, values
         attended = keys, values
         if self.window is not None:  # a ring: cache position p lives in slot p % slots
             slots = keys.shape[2]
@@ -247,6 +278,61 @@ class StaticLayerCache:
         keys.index_copy_(2, cache_position, key_states.to(keys.dtype))
         values.index_copy_(2, cache_position, value_states.to(values.dtype))
         return attended
+
+    def update_rows(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_position: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `[batch, kv_heads, q_len, head_dim]` into the cache rows `rows` `[batch]` at `cache_position`
+        (`[q_len]` or `[batch, q_len]`); return those rows' slots `[batch, kv_heads, slots, head_dim]` (a copy)."""
+        batch, kv_heads, q_len, _ = key_states.shape
+        slots = cache_position.expand(batch, q_len)  # [batch, q_len]
+        heads = torch.arange(kv_heads, device=rows.device)
+        index = (rows[:, None, None], heads[None, :, None], slots[:, None, :])  # broadcast to [batch, kv_heads, q_len]
+        self.keys.index_put_(index, key_states.to(self.keys.dtype))
+        self.values.index_put_(index, value_states.to(self.values.dtype))
+        return self.keys.index_select(0, rows), self.values.index_select(0, rows)
+
+
+class StaticCacheRows(Cache):
+    """Rows `rows` `[batch]` of a StaticCache (full-length slots) as a cache of `batch` rows: a forward through it
+    writes and attends only those rows, e.g. a server's prefill chunk into one request's row while the other rows
+    hold other requests. `rows` is a device tensor, so one compiled graph serves any choice of rows: keep one view
+    and set its rows in place (`view.rows.copy_(...)`) between forwards. Key/value reads are copies of the rows
+    (`index_select`), a small cost beside a prefill chunk's products."""
+
+    def __init__(self, cache: StaticCache, rows: torch.Tensor) -> None:
+        if cache.ring_windows:
+            raise ValueError(
+                f"StaticCache.rows needs full-length slots, but this cache keeps sliding-window rings "
+                f"(windows {cache.ring_windows})"
+            )
+        if rows.dim() != 1 or rows.dtype != torch.long:
+            raise ValueError(f"rows must be a 1D int64 tensor [batch], got {rows.dtype} {list(rows.shape)}")
+        self.cache, self.rows = cache, rows
+        self.max_cache_len = cache.max_cache_len
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.layer(layer_idx).update_rows(key_states, value_states, cache_position, self.rows)
+
+    def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        slots = cache_position.expand_as(position_ids)  # [batch, q_len]
+        self.cache.key_positions.index_put_((self.rows[:, None], slots), position_ids)
+        return self.cache.key_positions.index_select(0, self.rows)  # [batch, max_cache_len]
+
+    def kv_len(self, q_len: int) -> int:
+        return self.max_cache_len
+
+    def get_seq_length(self) -> int:
+        raise NotImplementedError("a StaticCacheRows view has no length: pass cache_position")
+
+    def validate(self, batch_size: int, cache_position: torch.Tensor) -> None:
+        if batch_size != self.rows.shape[0]:
+            raise ValueError(f"batch size {batch_size} does not match the {self.rows.shape[0]} rows of the view")
+        if self.rows.numel() and not 0 <= int(self.rows.min()) <= int(self.rows.max()) < self.cache.max_batch_size:
+            raise ValueError(f"rows {self.rows.tolist()} outside the StaticCache's {self.cache.max_batch_size} rows")
+        self.cache.validate(batch_size, cache_position)
 
 
 def ring_slots(window: int, prefill_chunk_size: int) -> int:

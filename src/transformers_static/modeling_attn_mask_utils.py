@@ -7,6 +7,14 @@ position of a query (its `cache_position`) and `kv_idx` a key slot:
     sliding window:  kv_idx >  q_idx - W          (W keys, the query's own included)
     padding:         padding_mask[batch, kv_idx]  (1 = real token)
 
+`q_idx` is shared by the rows (`cache_position` `[q_len]`) or per row (`[batch, q_len]`: a server's rows, each a
+request at its own length; a key is then visible to a row's query iff it is in that row's padding mask, at or
+before the query's slot, and inside the window). For rows at slots 3 and 1 (kv_len=5, no padding):
+
+    kv_idx:  0 1 2 3 4
+    row 0    ■ ■ ■ ■ ⬚
+    row 1    ■ ■ ⬚ ⬚ ⬚
+
 materialised once per forward by broadcasting index ranges into a bool tensor `[batch, 1, q_len, kv_len]`
 (True = may attend). For q_len=3 at cache positions 2..4, kv_len=6, W=2, first key padded:
 
@@ -67,6 +75,7 @@ class AttentionMaskConverter:
         A 2D mask may be shorter than `kv_len` (a static cache not yet full): the missing slots lie in the future
         of every query and stay masked by causality. An additive 4D mask is cast to `dtype` (the model's).
 
+        `cache_position` is `[q_len]`, or `[batch, q_len]` for per-row slots (full-length keys only).
         `key_cache_positions` `[keys]`: the keys are a ring's (a sliding-window layer's StaticCache slots), key j
         holding cache position `key_cache_positions[j]` (-1: none). The mask is then `[batch, 1, q_len, keys]`:
         the predicates over those positions, keys holding none masked; a 2D mask, or a 4D mask over cache positions
@@ -89,6 +98,8 @@ class AttentionMaskConverter:
             mask = self._causal(cache_position, key_cache_positions) & (key_cache_positions >= 0)  # [q_len, keys]
             if padding is not None:
                 padding = padding[:, key_cache_positions.clamp(min=0)]  # [batch, keys]
+        if cache_position.dim() == 2:  # per row: [batch, q_len, kv_len]
+            return mask[:, None] if padding is None else mask[:, None] & padding[:, None, None, :]
         if padding is None:
             return mask[None, None].expand(batch_size, 1, q_len, mask.shape[-1])
         return mask[None, None] & padding[:, None, None, :]
@@ -138,10 +149,10 @@ class AttentionMaskConverter:
         return (mask.to(dtype) + bias.to(dtype)).clamp(min=lowest)
 
     def _causal(self, cache_position: torch.Tensor, key_cache_positions: torch.Tensor) -> torch.Tensor:
-        """Causal (and windowed) bool mask `[q_len, keys]` for queries at `cache_position` over keys at
-        `key_cache_positions`."""
+        """Causal (and windowed) bool mask `[q_len, keys]` for queries at `cache_position` `[q_len]` over keys at
+        `key_cache_positions` (`[batch, q_len, keys]` for per-row `cache_position` `[batch, q_len]`)."""
         kv_idx = key_cache_positions[None, :]
-        q_idx = cache_position[:, None]
+        q_idx = cache_position[..., None]
         mask = kv_idx <= q_idx
         if self.sliding_window is not None:
             mask = mask & (kv_idx > q_idx - self.sliding_window)
@@ -226,8 +237,10 @@ def mask_converters(config: Any) -> dict[str, AttentionMaskConverter]:
 def position_ids_from_padding(padding_mask: torch.Tensor, cache_position: torch.Tensor | None = None) -> torch.Tensor:
     """Positions from a 2D padding mask `[batch, kv_len]` (1 = real token): the count of real tokens before each
     slot, so left-padded rows start at 0 (padding slots get 0). Returns `[batch, kv_len]`, or `[batch, q_len]`
-    for the queries at `cache_position` `[q_len]` (which must lie inside the mask)."""
+    for the queries at `cache_position` `[q_len]` or per row `[batch, q_len]` (which must lie inside the mask)."""
     positions = (padding_mask.long().cumsum(-1) - 1).clamp(min=0)  # [batch, kv_len]
+    if cache_position is not None and cache_position.dim() == 2:
+        return positions.gather(1, cache_position)
     return positions if cache_position is None else positions[:, cache_position]
 
 

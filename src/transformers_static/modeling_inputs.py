@@ -47,7 +47,7 @@ class AttentionInputs:
     # per attention kind: [batch, 1 | heads, q_len, kv_len] (a sliding-window ring's kind: its keys), bool or additive
     masks: dict[str, torch.Tensor]
     position_ids: torch.Tensor  # [batch, q_len]
-    cache_position: torch.Tensor  # [q_len]
+    cache_position: torch.Tensor  # [q_len], or [batch, q_len] per row (a StaticCache's rows at their own lengths)
     past_key_values: Cache | None
     key_positions: torch.Tensor | None = None  # [batch, kv_len], only for models that ask (ALiBi)
 
@@ -95,6 +95,10 @@ def prepare_attention_inputs(
     """Resolve the cache, `cache_position` `[q_len]`, `position_ids` `[batch, q_len]` and one 4D mask per attention
     kind (the keys of `model.mask_converters`) for `inputs_embeds` `[batch, q_len, hidden]`.
 
+    With a StaticCache (or its `rows` view), `cache_position` may be `[batch, q_len]`: each row writes its own slots,
+    its queries see the keys of its row up to their own slot (and inside a window, and in its padding mask), and its
+    default positions are its cache positions.
+
     `attention_mask` is None, a 2D padding mask, a 4D mask used as given for every kind, or a dict of 4D masks by
     kind (what generate's decode steps pass). Defaults: a DynamicCache when caching and none is given; cache
     positions right after what the cache holds; positions from the 2D padding mask, else the cache positions.
@@ -107,7 +111,7 @@ def prepare_attention_inputs(
     use_cache = model.config.use_cache if use_cache is None else use_cache
     if use_cache and past_key_values is None:
         past_key_values = DynamicCache()
-    cache_position = _cache_position(cache_position, past_key_values, q_len, inputs_embeds.device)
+    cache_position = _cache_position(cache_position, past_key_values, batch_size, q_len, inputs_embeds.device)
     if past_key_values is not None and checks_inputs():
         past_key_values.validate(batch_size, cache_position)
     kv_len = past_key_values.kv_len(q_len) if past_key_values is not None else q_len
@@ -130,6 +134,8 @@ def prepare_attention_inputs(
     if position_ids is None:
         if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             position_ids = position_ids_from_padding(attention_mask, cache_position)
+        elif cache_position.dim() == 2:
+            position_ids = cache_position
         else:
             position_ids = cache_position[None].expand(batch_size, q_len)
     if checks_inputs():  # before any cache write
@@ -145,16 +151,23 @@ def prepare_attention_inputs(
 
 
 def _cache_position(
-    cache_position: torch.Tensor | None, cache: Cache | None, q_len: int, device: torch.device
+    cache_position: torch.Tensor | None, cache: Cache | None, batch_size: int, q_len: int, device: torch.device
 ) -> torch.Tensor:
-    """The given `cache_position` `[q_len]`, checked, or the slots right after what a dynamic cache holds."""
+    """The given `cache_position` `[q_len]` (or per row `[batch, q_len]`, static caches only), checked, or the slots
+    right after what a dynamic cache holds."""
     if cache_position is None:
         if cache is not None and cache.max_cache_len is not None:
             raise ValueError("cache_position [q_len] is required with a StaticCache: the slots to write")
         past = cache.get_seq_length() if cache is not None else 0
         cache_position = torch.arange(past, past + q_len, device=device)
+    static = cache is not None and cache.max_cache_len is not None
+    if cache_position.dim() == 2 and static and cache_position.shape == (batch_size, q_len):
+        return cache_position
     if cache_position.shape != (q_len,):
-        raise ValueError(f"cache_position must have shape [{q_len}] (q_len), got {list(cache_position.shape)}")
+        per_row = f", or [{batch_size}, {q_len}] (batch, q_len) with a StaticCache" if static else ""
+        raise ValueError(
+            f"cache_position must have shape [{q_len}] (q_len){per_row}, got {list(cache_position.shape)}"
+        )
     return cache_position
 
 
