@@ -10,6 +10,8 @@ extras = {
     "hub": ["huggingface_hub>=0.30"],
     # GGUF (llama.cpp) checkpoints: weights, config and tokenizer
     "gguf": ["gguf>=0.16", "tokenizers>=0.22"],
+    # `transformers-static serve`: the HTTP stack (the chat template needs the tokenizers extra)
+    "serve": ["fastapi>=0.110", "uvicorn>=0.29", "tokenizers>=0.22", "jinja2>=3.1.6"],
 }
 # accelerate: upstream's GGUF loading (the reference in the GGUF tests) requires it
 extras["testing"] = [
@@ -21,6 +23,8 @@ extras["testing"] = [
     *extras["tokenizers"],
     *extras["hub"],
     *extras["gguf"],
+    *extras["serve"],
+    "openai>=1.30",  # the serve tests drive the server with the official client
 ]
 
 setup(

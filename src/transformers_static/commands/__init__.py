@@ -3,6 +3,7 @@
     transformers-static generate   stream tokens from a checkpoint or a preset        (commands/generate.py)
     transformers-static bench      ours vs upstream, eager and compiled               (commands/bench.py)
     transformers-static presets    the embedded models and their cache paths          (commands/presets.py)
+    transformers-static serve      an OpenAI-compatible server, continuous batching   (commands/serve.py)
 
 Usage errors (unknown preset, a preset whose package is not installed, missing or invalid MODEL_DIR, bad ids,
 --prompt without a tokenizer) print a message and exit with status 2, as argparse does.
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from ..bench.presets import PresetUnavailableError, UnknownPresetError
-from . import bench, generate, presets
+from . import bench, generate, presets, serve
 from .args import PROG, UsageError
 
 
@@ -45,6 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Static-mask generation that compiles once, and a benchmark against upstream."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, bench, presets):
+    for command in (generate, bench, presets, serve):
         command.add_parser(commands)
     return parser
