@@ -119,6 +119,25 @@ class SmolLM2GGUFTest(unittest.TestCase):
         answer = self.tokenizer.decode(ours[0, self.input_ids.shape[1] :].tolist(), skip_special_tokens=True)
         self.assertIn("Paris", answer)  # a real model answering a real question
 
+    def test_beam_search_matches_upstream(self) -> None:
+        """Sequences, beam indices and sequence scores of upstream's beam search, on the two chat prompts."""
+        ids, mask = self.input_ids[:2], self.attention_mask[:2]
+        kwargs = dict(max_new_tokens=12, num_beams=3, num_return_sequences=2, length_penalty=0.8, do_sample=False)
+        kwargs |= dict(return_dict_in_generate=True, output_scores=True)
+        ours = self.ours.generate(ids, attention_mask=mask, **kwargs)
+        theirs = self.upstream.generate(ids, attention_mask=mask, **kwargs)
+        self.assertEqual(ours.sequences.tolist(), theirs.sequences.tolist())
+        torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores, atol=1e-4, rtol=1e-5)
+
+    def test_candidate_decoding_is_greedy(self) -> None:
+        """Prompt lookup and assisted decoding (the model drafting for itself) on the batch's four rows, each row at
+        its own cache positions: upstream's greedy tokens."""
+        inputs = dict(attention_mask=self.attention_mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+        lookup = self.ours.generate(self.input_ids, prompt_lookup_num_tokens=4, **inputs)
+        self.assertEqual(lookup.tolist(), self.expected.tolist())
+        assisted = self.ours.generate(self.input_ids, assistant_model=self.ours, num_assistant_tokens=3, **inputs)
+        self.assertEqual(assisted.tolist(), self.expected.tolist())
+
     def test_compiled_forward_compiles_once(self) -> None:
         """At most two graphs (a prefill chunk and the decode step) on the first call, none on a second call whose
         prompts have other lengths; the compiled model generates upstream's tokens."""

@@ -624,6 +624,27 @@ MUTANTS = (
         "before = held",
         RINGS + "test_positions_written_again_replace_their_keys[mistral-room+1]",
     ),
+    mutant(
+        "speculative-rejection-resamples-the-model-not-the-residual",
+        "generation/candidate_generator.py",
+        "target = residual / residual.sum() if bool(residual.sum() > 0) else p[taken]",
+        "target = p[taken]",
+        "tests/generation/test_assisted_decoding.py::test_speculative_rule_keeps_the_model_distribution",
+    ),
+    mutant(
+        "draft-rewind-one-slot-too-far",
+        "generation/assisted_decoding.py",
+        "back[row] = -(len(row_drafts) - kept - 1)",
+        "back[row] = -(len(row_drafts) - kept)",
+        "tests/generation/test_assisted_decoding.py::test_drafts_continue_the_kept_text_after_rewinds",
+    ),
+    mutant(
+        "verify-keeps-a-draft-past-the-first-mismatch",
+        "generation/candidate_generator.py",
+        "while taken < len(drafts) and drafts[taken] == picked[taken]:",
+        "while taken < len(drafts) and (drafts[taken] == picked[taken] or taken == 0):",
+        "tests/generation/test_assisted_decoding.py::test_assisted_greedy_equals_greedy_and_upstream",
+    ),
 )
 
 

@@ -1,5 +1,5 @@
 """`transformers-static bench --prompt-lookup K`: prompt-lookup decoding against plain greedy decoding, both through
-`generate(compile=True)` (or both eager), on a task whose answer copies its prompt (editing a code snippet).
+`generate(compile=True)` (or both eager), on a task whose answer copies its prompt (repeating a passage).
 
 Per variant: the mean decode time per new token (from the first new token to the last, so the prefill is left out),
 the prefill time, and for prompt lookup the verify steps, the new tokens per verify step and the acceptance rate
@@ -23,21 +23,15 @@ from ..generation.candidate_generator import DEFAULT_MAX_MATCHING_NGRAM_SIZE, lo
 from .measure import decode_weight_bytes, load_average, memory_bandwidth_gbps
 from .runners import load_ours
 
-COPY_TASK = '''Rename the variable `total` to `running_sum` in this Python function. Reply with the whole function only.
-
-```python
-def mean_of_positive(values):
-    """Return the mean of the positive numbers in values, or 0.0 when there are none."""
-    total = 0.0
-    count = 0
-    for value in values:
-        if value > 0:
-            total += value
-            count += 1
-    if count == 0:
-        return 0.0
-    return total / count
-```'''
+COPY_TASK = (
+    "Repeat the following passage word for word:\n\n"
+    "The river rises in the hills above the town and runs south through the valley for forty miles before it meets "
+    "the sea. In spring the snow melts and the water rises quickly; the farmers along its banks move their animals "
+    "to higher ground and wait. By summer the river is low and slow, and children swim in the deep pools below the "
+    "old stone bridge. In autumn the leaves of the willows turn yellow and fall into the water, and the current "
+    "carries them past the mill, under the bridge and out towards the marshes, where the herons stand and wait for "
+    "the fish that come up with the tide."
+)
 
 
 @dataclass

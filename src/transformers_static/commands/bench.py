@@ -71,8 +71,8 @@ def add_parser(commands: Any) -> None:
         "--prompt-lookup",
         type=positive_int,
         metavar="K",
-        help="instead: plain compiled decoding vs prompt lookup with K drafts per verify step, on a code-editing "
-        "task that copies its prompt (default model: the smollm2-135m preset)",
+        help="instead: plain compiled decoding vs prompt lookup with K drafts per verify step, on a task whose "
+        "answer copies its prompt (repeating a passage) (default model: the smollm2-135m preset)",
     )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     add_device_args(parser, default_dtype="float32")

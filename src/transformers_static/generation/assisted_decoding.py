@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .candidate_generator import verify_width
+from .candidate_generator import Cursor, verify_width
 from .configuration_utils import GenerationConfig
 from .logits_process import LogitsProcessing, next_tokens
 
@@ -73,11 +73,14 @@ def check_assistant(model: Any, assistant: Any) -> None:
 
 
 class DraftModel:
-    """A `CandidateSource` that drafts with the assistant, greedily or by sampling as the call does.
+    """A `CandidateSource` that drafts with the assistant, greedily or by sampling as the call does, for every row
+    at once: `[batch, 1]` steps at per-row cursors (a row with nothing to feed at a step writes its last token at its
+    cursor without moving on: the next real write overwrites it before anything reads it).
 
-    `num_assistant_tokens` drafts per step (fewer near the end), stopping early after a draft whose probability is
-    below `assistant_confidence_threshold` (upstream's ConfidenceCriteria, that draft kept); the "heuristic"
-    schedules add 2 drafts after a step that accepted all and remove 1 otherwise, within the verify width."""
+    `num_assistant_tokens` drafts per step (fewer near the end), a row stopping early after a draft whose
+    probability is below `assistant_confidence_threshold` (upstream's ConfidenceCriteria, that draft kept); the
+    "heuristic" schedules add 2 drafts after a step that kept all of a row's and remove 1 otherwise, per row, within
+    the verify width."""
 
     def __init__(
         self,
@@ -87,62 +90,82 @@ class DraftModel:
         generator: torch.Generator | None,
         max_model_position: int | None,
     ) -> None:
+        batch = session.position_ids.shape[0]
         self.session = session
+        self.cursor = Cursor.of(session, max_model_position)
         self.width = verify_width(config)
-        self.count = self.width
+        self.counts = [self.width] * batch  # drafts per step, per row
         self.adaptive = config.num_assistant_tokens_schedule != "constant"
         self.threshold = config.assistant_confidence_threshold
         self.do_sample = config.do_sample
         self.processing = processing  # stateless: the call's warpers, applied as the model's scores are
         self.generator = generator
-        self.pending: list[int] = []  # accepted tokens not yet in the draft's cache (before the last token)
-        self.padding = torch.ones(1, session.capacity, dtype=torch.bool, device=session.cache_position.device)
+        self.pending: list[list[int]] = [[] for _ in range(batch)]  # kept tokens not yet in the draft's cache
+        self.padding = torch.ones(batch, session.capacity, dtype=torch.bool, device=session.cache_position.device)
         self.padding[:, : session.prompt_mask.shape[1]] = session.prompt_mask.bool()
-        self.last_position = None if max_model_position is None else max_model_position - 1
 
-    def propose(self, tokens: list[int], limit: int) -> tuple[list[int], torch.Tensor | None]:
-        feed, self.pending = [*self.pending, tokens[-1]], []
-        count = min(self.count, limit)
-        if count < 1:  # nothing to draft: the tokens wait for the next step
-            self.pending = feed
-            return [], None
-        for token in feed:
-            logits = self._step(token)
-        drafts, rows = [], []
-        while True:
-            scores = self.processing(logits)  # [1, vocab]
-            draft = int(next_tokens(scores, self.do_sample, self.generator)[0])
-            drafts.append(draft)
-            rows.append(scores)
-            if len(drafts) == count or (
-                self.threshold > 0 and float(scores[0].float().softmax(dim=-1)[draft]) < self.threshold
-            ):
-                break
-            logits = self._step(draft)
-        return drafts, torch.cat(rows) if self.do_sample else None  # [drafts, vocab]
+    def propose(self, texts: list[list[int]], limits: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        batch = len(texts)
+        counts = [min(count, limit) for count, limit in zip(self.counts, limits, strict=True)]
+        feeds = [[*pending, text[-1]] for pending, text in zip(self.pending, texts, strict=True)]
+        drafting = [row for row in range(batch) if counts[row] > 0]
+        for row in range(batch):  # nothing to draft: the tokens wait for the row's next step
+            self.pending[row] = [] if row in drafting else feeds[row]
+        drafts: list[list[int]] = [[] for _ in range(batch)]
+        rows: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+        if not drafting:
+            return drafts, [None] * batch
+        last = [text[-1] for text in texts]
+        steps = max(len(feeds[row]) for row in drafting)
+        for step in range(steps):  # the feeds, aligned at their ends
+            tokens = {
+                row: feeds[row][step - steps + len(feeds[row])] for row in drafting if step >= steps - len(feeds[row])
+            }
+            logits = self._step(tokens, last)
+        while drafting:
+            scores = self.processing(logits)  # [batch, vocab]
+            picked = next_tokens(scores, self.do_sample, self.generator)  # [batch]
+            confidence = scores.float().softmax(dim=-1).gather(1, picked[:, None])[:, 0].tolist()
+            picks = picked.tolist()
+            for row in drafting:
+                drafts[row].append(picks[row])
+                rows[row].append(scores[row])
+            drafting = [
+                row
+                for row in drafting
+                if len(drafts[row]) < counts[row] and not (self.threshold > 0 and confidence[row] < self.threshold)
+            ]
+            if drafting:
+                logits = self._step({row: drafts[row][-1] for row in drafting}, last)
+        draft_scores = [torch.stack(row) if self.do_sample and row else None for row in rows]  # [drafts, vocab]
+        return drafts, draft_scores
 
-    def accepted(self, drafts: list[int], taken: int) -> None:
-        if drafts and taken == len(drafts):
-            self.pending = [drafts[-1]]  # drafted, never fed: stored next step, before the model's token
-        else:  # back to the slot after the last kept draft: the rejected ones there are overwritten in turn
-            self.session.cache_position.sub_(len(drafts) - taken - 1)
-            self.session.position_ids.sub_(len(drafts) - taken - 1)
-        if self.adaptive and drafts:
-            self.count = min(self.width, self.count + 2) if taken == len(drafts) else max(1, self.count - 1)
+    def accepted(self, drafts: list[list[int]], taken: list[int]) -> None:
+        back = [0] * len(drafts)
+        for row, (row_drafts, kept) in enumerate(zip(drafts, taken, strict=True)):
+            if not row_drafts:
+                continue
+            if kept == len(row_drafts):
+                self.pending[row] = [row_drafts[-1]]  # drafted, never fed: stored next step, before the model's token
+            else:  # back to the slot after the last kept draft: the rejected ones there are overwritten in turn
+                back[row] = -(len(row_drafts) - kept - 1)
+            if self.adaptive:
+                count = self.counts[row]
+                self.counts[row] = min(self.width, count + 2) if kept == len(row_drafts) else max(1, count - 1)
+        self.cursor.advance(back)
 
-    def _step(self, token: int) -> torch.Tensor:
-        """Feed `token` at the draft's cursor and move it on; the draft's logits `[1, vocab]` for what follows."""
+    def _step(self, tokens: dict[int, int], idle: list[int]) -> torch.Tensor:
+        """Feed `tokens` {row: token} at their rows' cursors and move those on; the other rows feed `idle[row]` in
+        place. The draft's logits `[batch, vocab]` for what follows each row's token."""
         session = self.session
-        position_ids = session.position_ids
-        if self.last_position is not None:  # a draft past its position table is only a bad guess, never kept
-            position_ids = position_ids.clamp(max=self.last_position)
+        fed = [tokens.get(row, token) for row, token in enumerate(idle)]
+        cache_position, position_ids = self.cursor.inputs(1)
         logits = session.forward(
-            torch.tensor([[token]], device=position_ids.device),
+            torch.tensor(fed, device=position_ids.device)[:, None],  # [batch, 1]
             attention_mask=self.padding,
             position_ids=position_ids,
             past_key_values=session.cache,
-            cache_position=session.cache_position,
+            cache_position=cache_position,
         ).logits[:, -1]
-        session.cache_position.add_(1)
-        session.position_ids.add_(1)
+        self.cursor.advance([int(row in tokens) for row in range(len(idle))])
         return logits

@@ -33,27 +33,58 @@ DEFAULT_MAX_MATCHING_NGRAM_SIZE = 2  # upstream's
 
 
 class CandidateSource(Protocol):
-    """Where drafts come from: a prompt lookup, or a draft model."""
+    """Where drafts come from: a prompt lookup, or a draft model. Rows are a batch's sequences."""
 
-    def propose(self, tokens: list[int], limit: int) -> tuple[list[int], torch.Tensor | None]:
-        """Up to `limit` drafts continuing `tokens` (the text so far, its last token not yet in the cache), and
-        the draft's processed scores `[len(drafts), vocab]` when it has probabilities (None otherwise)."""
+    def propose(self, texts: list[list[int]], limits: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Per row, up to `limits[i]` drafts continuing `texts[i]` (the text so far, its last token not yet in the
+        cache), and the draft's processed scores `[len(drafts), vocab]` when it has probabilities (else None)."""
         ...
 
-    def accepted(self, drafts: list[int], taken: int) -> None:
-        """The verify step kept the first `taken` of `drafts` (then the model's own next token)."""
+    def accepted(self, drafts: list[list[int]], taken: list[int]) -> None:
+        """Per row, the verify step kept the first `taken[i]` of `drafts[i]` (then the model's own next token)."""
         ...
 
 
 @dataclass
 class CandidateDecoding:
-    """What a candidate decode returns: the new tokens `[1, new]`, per new token (when asked) the processed scores and
-    raw logits `[1, vocab]` (float32), and counts: verify steps, drafts proposed and accepted."""
+    """What a candidate decode returns: the new tokens `[batch, new]`, per new token (batch 1, when asked) the
+    processed scores and raw logits `[1, vocab]` (float32), and counts: verify steps, drafts proposed and kept."""
 
     tokens: torch.Tensor
     scores: list[torch.Tensor] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=lambda: {"verify_steps": 0, "drafted": 0, "accepted": 0})
+
+
+@dataclass
+class Cursor:
+    """Where each row writes next: `slots` `[batch]` (its cache slot) and `positions` `[batch]` (its token's
+    position). One row shares `cache_position` `[q_len]` (the contract every cache takes, rings included); several
+    rows, each at its own length after different numbers of kept drafts, pass `[batch, q_len]` (per-row slots)."""
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    last_position: int  # positions past a position table are clamped (such drafts are never kept)
+
+    @classmethod
+    def of(cls, session: _Session, max_model_position: int | None) -> Cursor:
+        batch = session.position_ids.shape[0]
+        last = torch.iinfo(torch.long).max if max_model_position is None else max_model_position - 1
+        return cls(session.cache_position.expand(batch).clone(), session.position_ids[:, -1].clone(), last)
+
+    def inputs(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`cache_position` (`[width]` for one row, else `[batch, width]`) and `position_ids` `[batch, width]` of
+        `width` tokens from the cursor."""
+        offsets = torch.arange(width, device=self.slots.device)
+        cache_position = self.slots[:, None] + offsets  # [batch, width]
+        position_ids = (self.positions[:, None] + offsets).clamp(max=self.last_position)
+        return (cache_position[0] if cache_position.shape[0] == 1 else cache_position), position_ids
+
+    def advance(self, steps: list[int]) -> None:
+        """Move row i on by `steps[i]` slots (negative: back)."""
+        moved = torch.tensor(steps, device=self.slots.device)
+        self.slots += moved
+        self.positions += moved
 
 
 def verify_width(config: GenerationConfig) -> int:
@@ -68,10 +99,14 @@ class PromptLookup:
         self.width = config.prompt_lookup_num_tokens
         self.max_ngram = config.max_matching_ngram_size or DEFAULT_MAX_MATCHING_NGRAM_SIZE
 
-    def propose(self, tokens: list[int], limit: int) -> tuple[list[int], torch.Tensor | None]:
-        return lookup_candidates(tokens, min(self.width, limit), self.max_ngram), None
+    def propose(self, texts: list[list[int]], limits: list[int]) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        drafts = [
+            lookup_candidates(text, min(self.width, limit), self.max_ngram)
+            for text, limit in zip(texts, limits, strict=True)
+        ]
+        return drafts, [None] * len(texts)
 
-    def accepted(self, drafts: list[int], taken: int) -> None:
+    def accepted(self, drafts: list[list[int]], taken: list[int]) -> None:
         pass
 
 
@@ -89,15 +124,21 @@ def lookup_candidates(tokens: list[int], num_tokens: int, max_ngram: int) -> lis
     return []
 
 
-def check_candidates(config: GenerationConfig, batch: int, assisted: bool) -> None:
+def check_candidates(config: GenerationConfig, batch: int, streaming: bool, assisted: bool) -> None:
     """What candidate decoding here does not combine with, refused naming the field."""
     name = "assistant_model" if assisted else "prompt_lookup_num_tokens"
     if assisted and config.prompt_lookup_num_tokens is not None:
         raise ValueError("assistant_model and prompt_lookup_num_tokens are two candidate generators: choose one")
     if config.num_beams > 1:
         raise NotImplementedError(f"generate does not support num_beams > 1 with {name}")
-    if batch != 1:
-        raise ValueError(f"{name} decoding is only supported for batch_size = 1 (got {batch}), as upstream")
+    if batch > 1:  # rows keep different numbers of tokens per step: no per-step outputs to line up
+        refused = {
+            "output_scores": bool(config.return_dict_in_generate and config.output_scores),
+            "output_logits": bool(config.return_dict_in_generate and config.output_logits),
+            "streamer": streaming,
+        }
+        if names := [field_name for field_name, asked in refused.items() if asked]:
+            raise NotImplementedError(f"generate does not support {', '.join(names)} with {name} at batch size > 1")
     if not assisted and (
         config.prompt_lookup_num_tokens < 1
         or (config.max_matching_ngram_size is not None and config.max_matching_ngram_size < 1)
@@ -130,7 +171,7 @@ def candidate_decode(
     config: GenerationConfig,
     processing: LogitsProcessing,
     source: CandidateSource,
-    prompt: list[int],
+    prompts: list[list[int]],
     max_new_tokens: int,
     *,
     generator: torch.Generator | None = None,
@@ -138,76 +179,82 @@ def candidate_decode(
     deadline: float | None = None,
     max_model_position: int | None = None,
 ) -> CandidateDecoding:
-    """Decode one row from the prefill's `logits` `[1, vocab]` (`prompt` its real tokens) with drafts from `source`
-    checked by verify steps; ends at the first EOS, `max_new_tokens` or the `deadline` (`time.monotonic()`, checked
-    between steps, as upstream checks max_time)."""
+    """Decode from the prefill's `logits` `[batch, vocab]` (`prompts`: each row's real tokens) with drafts from
+    `source` checked by verify steps `[batch, K+1]`; a row ends at its first EOS or `max_new_tokens`, all at the
+    `deadline` (`time.monotonic()`, checked between steps, as upstream checks max_time). A finished row's verify
+    inputs are its last token again, written at its cursor and never kept. Rows shorter than the longest are padded
+    with `pad_token_id` (the first EOS when unset, as upstream)."""
+    batch = logits.shape[0]
     width = verify_width(config)
     eos = set(config.eos_token_ids)
     device = logits.device
-    keep_scores = bool(config.return_dict_in_generate and config.output_scores)
-    keep_logits = bool(config.return_dict_in_generate and config.output_logits)
     # The 2D padding mask at full length: the prompt's padding, then real slots (causality hides the unwritten).
-    padding = torch.ones(1, session.capacity, dtype=torch.bool, device=device)
+    padding = torch.ones(batch, session.capacity, dtype=torch.bool, device=device)
     padding[:, : session.prompt_mask.shape[1]] = session.prompt_mask.bool()
-    offsets = torch.arange(width + 1, device=device)
-    # draft positions past a position table are never kept: clamped, never indexed past it
-    last_position = torch.iinfo(torch.long).max if max_model_position is None else max_model_position - 1
-    scores = processing(logits)  # [1, vocab]
-    result = CandidateDecoding(torch.empty(0))
-    new: list[int] = []
-    record = Recorder(result, new, keep_scores, keep_logits, streamer)
-    record(next_tokens(scores, config.do_sample, generator).tolist(), scores, logits)
-    while len(new) < max_new_tokens and new[-1] not in eos:
-        if deadline is not None and time.monotonic() > deadline:
+    cursor = Cursor.of(session, max_model_position)
+    record = Recorder(config, streamer)
+    scores = processing(logits)  # [batch, vocab]
+    news = [[token] for token in next_tokens(scores, config.do_sample, generator).tolist()]
+    record(news[0], scores, logits)
+    result = CandidateDecoding(torch.empty(0), record.scores, record.logits)
+    while True:
+        live = [len(new) < max_new_tokens and new[-1] not in eos for new in news]
+        if not any(live) or (deadline is not None and time.monotonic() > deadline):
             break
-        drafts, draft_scores = source.propose(prompt + new, max_new_tokens - len(new) - 1)
-        fed = torch.tensor([[new[-1], *drafts] + [new[-1]] * (width - len(drafts))], device=device)  # [1, K+1]
-        cache_position = session.cache_position + offsets  # [K+1]
-        position_ids = (session.position_ids + offsets).clamp(max=last_position)  # [1, K+1]
+        limits = [max_new_tokens - len(new) - 1 if on else 0 for new, on in zip(news, live, strict=True)]
+        drafts, draft_scores = source.propose([p + new for p, new in zip(prompts, news, strict=True)], limits)
+        fed = [[new[-1], *d] + [new[-1]] * (width - len(d)) for new, d in zip(news, drafts, strict=True)]
+        cache_position, position_ids = cursor.inputs(width + 1)
         verify_logits = session.forward(
-            fed,
+            torch.tensor(fed, device=device),  # [batch, K+1]
             attention_mask=padding,
             position_ids=position_ids,
             past_key_values=session.cache,
             cache_position=cache_position,
-        ).logits[0]  # [K+1, vocab]
-        verify_scores = processing(verify_logits)  # the warpers work row by row: the K+1 positions as a batch
-        taken, bonus = accept(drafts, draft_scores, verify_scores, config.do_sample, generator)
-        kept = (drafts[:taken] + [bonus])[: max_new_tokens - len(new)]
-        if eos & set(kept):
-            kept = kept[: next(i for i, t in enumerate(kept) if t in eos) + 1]
-        taken = min(taken, len(kept))
+        ).logits  # [batch, K+1, vocab]
+        # the warpers work row by row: every row's K+1 positions as one batch
+        verify_scores = processing(verify_logits.flatten(0, 1)).unflatten(0, (batch, width + 1))
+        taken, moved = [0] * batch, [0] * batch
+        for row in (row for row in range(batch) if live[row]):
+            kept_drafts, bonus = accept(
+                drafts[row], draft_scores[row], verify_scores[row], config.do_sample, generator
+            )
+            kept = (drafts[row][:kept_drafts] + [bonus])[: max_new_tokens - len(news[row])]
+            if eos & set(kept):
+                kept = kept[: next(i for i, t in enumerate(kept) if t in eos) + 1]
+            taken[row], moved[row] = min(kept_drafts, len(kept)), len(kept)
+            news[row] += kept
+            record(kept, verify_scores[row, : len(kept)], verify_logits[row, : len(kept)])
         source.accepted(drafts, taken)
         result.stats["verify_steps"] += 1
-        result.stats["drafted"] += len(drafts)
-        result.stats["accepted"] += taken
-        # the cache now holds the last token and the taken drafts; the next step starts at the model's own token
-        session.cache_position.add_(len(kept))
-        session.position_ids.add_(len(kept))
-        record(kept, verify_scores[: len(kept)], verify_logits[: len(kept)])
-    result.tokens = torch.tensor([new], device=device)
+        result.stats["drafted"] += sum(map(len, drafts))
+        result.stats["accepted"] += sum(taken)
+        # each row's cache now holds its last token and its kept drafts; its next step starts at the model's token
+        cursor.advance(moved)
+    pad = config.pad_token_id if config.pad_token_id is not None else next(iter(config.eos_token_ids), 0)
+    longest = max(map(len, news))
+    result.tokens = torch.tensor([new + [pad] * (longest - len(new)) for new in news], device=device)
     return result
 
 
-@dataclass
 class Recorder:
-    """Appends each step's kept tokens to `new` (and their scores / raw logits to `result`, when asked) and streams
-    them."""
+    """Per kept token of one row (batch 1: checked by `check_candidates`), its processed scores and raw logits
+    `[1, vocab]` when asked, and the kept tokens to the streamer."""
 
-    result: CandidateDecoding
-    new: list[int]
-    keep_scores: bool
-    keep_logits: bool
-    streamer: Streamer | None
+    def __init__(self, config: GenerationConfig, streamer: Streamer | None) -> None:
+        self.keep_scores = bool(config.return_dict_in_generate and config.output_scores)
+        self.keep_logits = bool(config.return_dict_in_generate and config.output_logits)
+        self.streamer = streamer
+        self.scores: list[torch.Tensor] = []
+        self.logits: list[torch.Tensor] = []
 
     def __call__(self, kept: list[int], scores: torch.Tensor, logits: torch.Tensor) -> None:
         """`kept` tokens, their `[len(kept), vocab]` processed scores and raw logits."""
-        self.new += kept
         # copies, in float32: a CUDA-graph output is overwritten by the next replay
         if self.keep_scores:
-            self.result.scores += [row[None].to(torch.float32, copy=True) for row in scores]
+            self.scores += [row[None].to(torch.float32, copy=True) for row in scores]
         if self.keep_logits:
-            self.result.logits += [row[None].to(torch.float32, copy=True) for row in logits]
+            self.logits += [row[None].to(torch.float32, copy=True) for row in logits]
         if self.streamer is not None:
             self.streamer.put(torch.tensor(kept))
 

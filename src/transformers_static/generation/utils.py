@@ -154,7 +154,7 @@ class GenerationMixin:
             resolve_assistant_fields(config, assistant_model)
         candidates = assistant_model is not None or config.prompt_lookup_num_tokens is not None
         if candidates:
-            check_candidates(config, input_ids.shape[0], assisted=assistant_model is not None)
+            check_candidates(config, input_ids.shape[0], streamer is not None, assisted=assistant_model is not None)
         lengths = generation_lengths(
             config,
             input_ids.shape[1],
@@ -367,10 +367,17 @@ class GenerationMixin:
         return session, logits
 
     def _static_cache(
-        self, batch: int, prompt_len: int, max_new_tokens: int, config: GenerationConfig, cache: StaticCache | None
+        self,
+        batch: int,
+        prompt_len: int,
+        max_new_tokens: int,
+        config: GenerationConfig,
+        cache: StaticCache | None,
+        reused: str = "_generation_cache",
     ) -> StaticCache:
         """The user's cache if it fits, else one reused across calls of the same bucket (stable addresses for
-        compiled graphs), else a new one of `config.static_cache_len(...)` slots."""
+        compiled graphs; kept on the model as `reused`: a model drafting for itself keeps its draft cache apart),
+        else a new one of `config.static_cache_len(...)` slots."""
         if cache is not None:
             needed = config.padded_prompt_len(prompt_len) + max_new_tokens
             if batch > cache.max_batch_size:
@@ -384,14 +391,14 @@ class GenerationMixin:
                 )
             return cache
         capacity = config.static_cache_len(prompt_len, max_new_tokens)
-        cached = getattr(self, "_generation_cache", None)
+        cached = getattr(self, reused, None)
         key = (batch, capacity, self.dtype, self.device)
         if cached is None or cached[0] != key:
             cache = StaticCache(
                 self.config, batch, capacity, self.dtype, self.device, prefill_chunk_size=config.prefill_chunk
             )  # sliding-window rings with room for one prefill chunk
             cached = (key, cache)
-            self._generation_cache = cached
+            setattr(self, reused, cached)
         return cached[1]
 
     # ------------------------------------------------------------------ decode
@@ -412,19 +419,29 @@ class GenerationMixin:
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Decode one row with drafts (prompt lookup, or the `assistant`'s) checked in verify steps; `prompt`: the
         prompt's ids and mask `[1, prompt_len]` as given. Returns what `_decode` returns."""
-        check_processing(processing, "assistant_model" if assistant is not None else "prompt_lookup_num_tokens")
+        name = "assistant_model" if assistant is not None else "prompt_lookup_num_tokens"
+        check_processing(processing, name)
         width = verify_width(config)
         if session.cache.ring_windows and width + 1 > config.prefill_chunk:
-            name = "num_assistant_tokens" if assistant is not None else "prompt_lookup_num_tokens"
+            field = "num_assistant_tokens" if assistant is not None else "prompt_lookup_num_tokens"
             raise ValueError(
-                f"{name} ({width}) + 1 must be <= prefill_chunk_size ({config.prefill_chunk}) on a model with "
+                f"{field} ({width}) + 1 must be <= prefill_chunk_size ({config.prefill_chunk}) on a model with "
                 "sliding-window ring caches (a verify step must fit the ring)"
             )
         ids, mask = prompt
+        batch = ids.shape[0]
+        if batch > 1 and session.cache.ring_windows:
+            raise ValueError(
+                f"{name} at batch size > 1 needs full-length cache slots (rows move on by different numbers of tokens), "
+                f"but this model keeps sliding-window rings (windows {session.cache.ring_windows}): pass "
+                "prefill_chunk_size >= the cache length, or decode the rows one at a time"
+            )
         source: PromptLookup | DraftModel = PromptLookup(config)
         if assistant is not None:
             assistant._check_fits_position_table(mask, max_new_tokens)
-            draft, _ = assistant._prefill_static(ids, mask, config, max_new_tokens + width, None)
+            # the draft's own cache, apart from the model's even when the model drafts for itself
+            cache = assistant._static_cache(batch, ids.shape[1], max_new_tokens + width, config, None, "_draft_cache")
+            draft, _ = assistant._prefill_static(ids, mask, config, max_new_tokens + width, cache)
             if compile:
                 draft.forward = assistant.compiled_forward(compile)
             source = DraftModel(draft, config, processing, generator, assistant.max_positions)
@@ -434,7 +451,7 @@ class GenerationMixin:
             config,
             processing,
             source,
-            ids[0][mask[0].bool()].tolist(),
+            [row[real.bool()].tolist() for row, real in zip(ids, mask, strict=True)],
             max_new_tokens,
             generator=generator,
             streamer=streamer,
