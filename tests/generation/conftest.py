@@ -61,3 +61,23 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Pair:
     path = str(tmp_path_factory.mktemp("llama"))
     save_noisy(upstream, path)
     return Pair(path, upstream, AutoModelForCausalLM.from_pretrained(path))
+
+
+@pytest.fixture(scope="session")
+def mistral(tmp_path_factory: pytest.TempPathFactory) -> Pair:
+    """Window 5: the tests' prompts and new tokens cross it; small prefill chunks make the window layers rings."""
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=5,
+        eos_token_id=2,
+    )
+    upstream = transformers.MistralForCausalLM(config)
+    path = str(tmp_path_factory.mktemp("mistral"))
+    save_noisy(upstream, path)
+    return Pair(path, upstream, AutoModelForCausalLM.from_pretrained(path))

@@ -42,25 +42,6 @@ def qwen2_draft(tmp_path_factory: pytest.TempPathFactory) -> Pair:
     return Pair(path, upstream, AutoModelForCausalLM.from_pretrained(path))
 
 
-@pytest.fixture(scope="module")
-def mistral(tmp_path_factory: pytest.TempPathFactory) -> Pair:
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=5,
-        eos_token_id=2,
-    )
-    upstream = transformers.MistralForCausalLM(config)
-    path = str(tmp_path_factory.mktemp("mistral_assisted"))
-    save_noisy(upstream, path)
-    return Pair(path, upstream, AutoModelForCausalLM.from_pretrained(path))
-
-
 def test_assisted_greedy_equals_greedy_and_upstream(
     llama: Pair, qwen2_draft: Pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,33 +10,11 @@ import pytest
 import torch
 import transformers
 
-from transformers_static import AutoModelForCausalLM
-
 from ..models.causal_lm_tester import count_graphs, generation_prompt
 from ..test_generation import FALSE_ALARM, total_variation, tv_bound
-from .conftest import VOCAB, Pair, save_noisy
+from .conftest import VOCAB, Pair
 
 NEW = 10
-
-
-@pytest.fixture(scope="module")
-def mistral(tmp_path_factory: pytest.TempPathFactory) -> Pair:
-    """Window 5: a 10-token prompt and 12 new tokens cross it; prefill chunks of 4 make the window layers rings."""
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=5,
-        eos_token_id=2,
-    )
-    upstream = transformers.MistralForCausalLM(config)
-    path = str(tmp_path_factory.mktemp("mistral"))
-    save_noisy(upstream, path)
-    return Pair(path, upstream, AutoModelForCausalLM.from_pretrained(path))
 
 
 def early_token(pair: Pair, ids: torch.Tensor, mask: torch.Tensor) -> int:

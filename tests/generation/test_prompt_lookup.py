@@ -8,34 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 
-from transformers_static import AutoModelForCausalLM
 from transformers_static.generation.candidate_generator import lookup_candidates
 
 from ..models.causal_lm_tester import count_graphs
-from .conftest import VOCAB, Pair, candidate_stats, save_noisy
+from .conftest import Pair, candidate_stats
 
 GREEDY = dict(eos_token_id=None, pad_token_id=0)
-
-
-@pytest.fixture(scope="module")
-def mistral(tmp_path_factory: pytest.TempPathFactory) -> Pair:
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=5,
-        eos_token_id=2,
-    )
-    upstream = transformers.MistralForCausalLM(config)
-    path = str(tmp_path_factory.mktemp("mistral_lookup"))
-    save_noisy(upstream, path)
-    return Pair(path, upstream, AutoModelForCausalLM.from_pretrained(path))
 
 
 def copy_heavy_prompt(model: Any) -> torch.Tensor:
