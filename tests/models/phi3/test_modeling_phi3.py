@@ -156,6 +156,18 @@ class Phi3LongRopeParityTest(CausalLMParityTests, unittest.TestCase):
             torch.testing.assert_close(ours.sequences, expected.sequences, rtol=0, atol=0)
             torch.testing.assert_close(torch.stack(ours.logits), torch.stack(expected.logits), atol=ATOL, rtol=0)
 
+    def test_candidate_decoding_is_refused_across_the_switch(self) -> None:
+        """A verify step cannot re-run the sequence at the switch as upstream does: refused when the sequence would
+        cross it, and greedy-identical when it stays below."""
+        model = self.models[self.default_impl]
+        ids, mask = generation_prompt(self.vocab_size, left_pads=(0,), length=10)
+        for candidates in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=model)):
+            with self.assertRaisesRegex(NotImplementedError, r"crosses original_max_position_embeddings \(16\)"):
+                model.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=None, **candidates)
+            below = model.generate(ids, attention_mask=mask, max_new_tokens=6, eos_token_id=None, **candidates)
+            expected = self.upstream_generate(ids, mask, max_new_tokens=6, eos_token_id=None)
+            torch.testing.assert_close(below, expected, rtol=0, atol=0)
+
     def test_attention_factor_scales_cos_and_sin(self) -> None:
         rope = self.models["sdpa"].model.rotary_emb
         self.assertAlmostEqual(rope.attention_scaling, math.sqrt(1 + math.log(4) / math.log(ORIGINAL)))

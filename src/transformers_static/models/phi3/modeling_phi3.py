@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ from .configuration_phi3 import Phi3Config, head_dim, rotary_ndims
 if TYPE_CHECKING:
     from ...cache_utils import StaticCache
     from ...generation.configuration_utils import GenerationConfig
+    from ...generation.logits_process import LogitsProcessing
     from ...generation.utils import _Session
 
 
@@ -307,6 +308,28 @@ class Phi3ForCausalLM(CausalLMMixin, Phi3PreTrainedModel):
     ) -> tuple[_Session, torch.Tensor]:
         with self._longrope_prompt(input_ids, attention_mask, None):
             return super()._prefill_dynamic(input_ids, attention_mask, max_new_tokens)
+
+    def _candidate_decode(
+        self,
+        session: _Session,
+        logits: torch.Tensor,
+        config: GenerationConfig,
+        processing: LogitsProcessing,
+        prompt: tuple[torch.Tensor, torch.Tensor],
+        max_new_tokens: int,
+        **options: Any,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Prompt lookup and assisted decoding write several tokens per verify step, where the re-run at the switch
+        cannot happen: refused when the sequence would cross it (upstream re-runs there; silently not is wrong)."""
+        rerun = self._longrope_rerun
+        if rerun is not None and rerun.fed_at_switch <= max_new_tokens - 1:
+            raise NotImplementedError(
+                "prompt_lookup_num_tokens / assistant_model with LongRoPE: the sequence crosses "
+                f"original_max_position_embeddings ({self.config.original_max_position_embeddings}), where upstream "
+                "runs it again on the long table, which a verify step cannot; decode without candidates, or keep "
+                "the prompt + max_new_tokens within it"
+            )
+        return super()._candidate_decode(session, logits, config, processing, prompt, max_new_tokens, **options)
 
     def _decode_one_token(self, session: _Session, token: torch.Tensor) -> torch.Tensor:
         rerun = self._longrope_rerun
