@@ -134,3 +134,82 @@ def test_single_table_types_unchanged_and_longrope_refused() -> None:
         torch.testing.assert_close(compute_inv_freq(config.rope_parameters, 16), want, atol=0, rtol=0)
     with pytest.raises(ValueError, match="'longrope'"):
         compute_inv_freq(longrope(original_max_position_embeddings=16, rope_theta=1e4), 16)
+
+
+# ---------------------------------------------------------------------- YaRN
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(factor=4.0, original_max_position_embeddings=16),
+        dict(factor=4.0),  # the pretraining length defaults to max_position_embeddings
+        dict(factor=8.0, original_max_position_embeddings=16, beta_fast=16, beta_slow=2, truncate=False),
+        dict(factor=4.0, original_max_position_embeddings=16, mscale=0.707, mscale_all_dim=1.0),
+        dict(factor=4.0, original_max_position_embeddings=16, attention_factor=1.3),
+        dict(factor=2.0, original_max_position_embeddings=16, rope_theta=500.0, partial_rotary_factor=0.5),
+    ],
+)
+def test_yarn_frequencies_and_attention_factor_match_upstream(fields: dict) -> None:
+    from transformers_static.modeling_rope_utils import rope_frequencies
+
+    fields = dict(fields)
+    partial = fields.pop("partial_rotary_factor", 1.0)
+    theta = fields.pop("rope_theta", 10000.0)
+    params = {"rope_type": "yarn", "rope_theta": theta, **fields}
+    config = transformers.LlamaConfig(max_position_embeddings=64, rope_parameters=dict(params), **LLAMA)
+    if partial != 1.0:
+        config.rope_parameters["partial_rotary_factor"] = partial
+    want, want_factor = ROPE_INIT_FUNCTIONS["yarn"](config)
+    got, factor = rope_frequencies(params, int(16 * partial), 64)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert factor == pytest.approx(want_factor, rel=1e-12)
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+
+
+@pytest.mark.parametrize(
+    ("upstream_class", "fields"),
+    [
+        (transformers.LlamaForCausalLM, {}),
+        (transformers.Qwen2ForCausalLM, {"num_key_value_heads": 2}),
+        (transformers.Qwen3ForCausalLM, {"num_key_value_heads": 2, "head_dim": 8}),
+        (transformers.MistralForCausalLM, {"num_key_value_heads": 2, "sliding_window": None}),
+        (transformers.SmolLM3ForCausalLM, {"num_key_value_heads": 2, "no_rope_layer_interval": 2, "pad_token_id": 0}),
+        (transformers.GPTNeoXForCausalLM, {"rotary_pct": 0.5}),
+        (transformers.GemmaForCausalLM, {"num_key_value_heads": 1, "head_dim": 8}),
+        (transformers.Gemma2ForCausalLM, {"num_key_value_heads": 2, "head_dim": 8, "query_pre_attn_scalar": 8}),
+        (transformers.GraniteForCausalLM, {"num_key_value_heads": 2, "attention_multiplier": 0.3}),
+        (transformers.Starcoder2ForCausalLM, {"num_key_value_heads": 2, "sliding_window": None}),
+        (transformers.FalconForCausalLM, {"new_decoder_architecture": True, "num_kv_heads": 2}),
+        (
+            transformers.Qwen3MoeForCausalLM,
+            {"num_key_value_heads": 2, "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2},
+        ),
+        (transformers.PhiForCausalLM, {"partial_rotary_factor": 0.5}),
+        # head_dim stated: upstream's YaRN reads config.head_dim, which Mixtral's config leaves None by default
+        (transformers.MixtralForCausalLM, {"num_key_value_heads": 2, "num_local_experts": 4, "head_dim": 8}),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, type) else None,
+)
+def test_yarn_models_match_upstream_past_the_pretraining_length(upstream_class: type, fields: dict, tmp_path) -> None:
+    """A tiny model scaled by YaRN 4x from 8 positions, 24 tokens: logits equal upstream's (the scale of cos/sin
+    matters: 1 + 0.1 ln 4)."""
+    from transformers_static import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config_class = upstream_class.config_class
+    config = config_class(**SMALL, **fields, max_position_embeddings=32, rope_parameters=dict(YARN, rope_theta=100.0))
+    upstream = upstream_class(config).eval()
+    upstream.save_pretrained(tmp_path)
+    ours = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    ids = torch.randint(3, 64, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, upstream(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_yarn_is_refused_where_the_rotary_embedding_cannot_scale() -> None:
+    from transformers_static.modeling_rope_utils import compute_inv_freq as inv_freq
+
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported for this architecture"):
+        inv_freq({"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0}, 16)

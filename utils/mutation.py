@@ -123,8 +123,8 @@ MUTANTS = (
     mutant(
         "rope-theta-ignored",
         "modeling_rope_utils.py",
-        'base = float(rope_parameters["rope_theta"])',
-        "base = 10000.0",
+        'base = float(rope_parameters["rope_theta"])\n    inv_freq = 1.0 / (base',
+        "base = 10000.0\n    inv_freq = 1.0 / (base",
         NEOX_TIED + "test_logits_match_upstream_sdpa_no_padding_2d",
     ),
     mutant(
@@ -644,6 +644,13 @@ MUTANTS = (
         "while taken < len(drafts) and drafts[taken] == picked[taken]:",
         "while taken < len(drafts) and (drafts[taken] == picked[taken] or taken == 0):",
         "tests/generation/test_assisted_decoding.py::test_assisted_greedy_equals_greedy_and_upstream",
+    ),
+    mutant(
+        "yarn-cos-sin-not-scaled",
+        "models/llama/modeling_llama.py",
+        "return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)",
+        "return emb.cos().to(x.dtype), emb.sin().to(x.dtype)",
+        "tests/test_rope_utils.py::test_yarn_models_match_upstream_past_the_pretraining_length[LlamaForCausalLM-fields0]",
     ),
 )
 

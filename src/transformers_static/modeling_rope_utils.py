@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LONGROPE_REQUIRED_KEYS = ("rope_type", "short_factor", "long_factor", "original_max_position_embeddings")
 
 
@@ -36,9 +36,25 @@ def standardize_rope_parameters(
     return params
 
 
+def rope_frequencies(
+    rope_parameters: dict[str, Any], dim: int, max_position_embeddings: int
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies `[dim // 2]` (float32) for a rotary dimension `dim`, and the scale of cos/sin (YaRN's
+    attention factor; 1.0 for the other types)."""
+    if rope_parameters["rope_type"] == "yarn":
+        return yarn_inv_freq(rope_parameters, dim, max_position_embeddings)
+    return compute_inv_freq(rope_parameters, dim), 1.0
+
+
 def compute_inv_freq(rope_parameters: dict[str, Any], dim: int) -> torch.Tensor:
-    """Inverse frequencies `[dim // 2]` (float32) for a rotary dimension `dim`."""
+    """Inverse frequencies `[dim // 2]` (float32) for a rotary dimension `dim`, for the types that scale nothing
+    else (a rotary embedding that applies a cos/sin scale calls `rope_frequencies`)."""
     rope_type = rope_parameters["rope_type"]
+    if rope_type == "yarn":
+        raise ValueError(
+            "rope_type 'yarn' is not supported for this architecture here: its rotary embedding does not apply "
+            "YaRN's cos/sin scale (the Llama-family models and gpt-oss do)"
+        )
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"compute_inv_freq takes a rope_type of {SUPPORTED_ROPE_TYPES}, got {rope_type!r}")
     base = float(rope_parameters["rope_theta"])
@@ -133,3 +149,41 @@ def longrope_inv_freqs(
         for name in ("short_factor", "long_factor")
     )
     return short, long, longrope_attention_factor(rope_parameters, max_position_embeddings)
+
+
+def yarn_inv_freq(
+    rope_parameters: dict[str, Any], dim: int, max_position_embeddings: int
+) -> tuple[torch.Tensor, float]:
+    """YaRN's inverse frequencies `[dim // 2]` (float32) and cos/sin scale, as upstream computes them: frequencies
+    that rotate fewer than `beta_slow` times over the pretraining length (`original_max_position_embeddings`) are
+    divided by `factor`, those rotating more than `beta_fast` times kept, a linear ramp between (its bounds rounded
+    outwards unless `truncate` is False); the scale is `attention_factor`, else `0.1 * ln(factor) + 1` (with
+    `mscale` / `mscale_all_dim`, their ratio)."""
+    base = float(rope_parameters["rope_theta"])
+    # upstream's config puts the pretraining length in the dict, max_position_embeddings when it is missing
+    original = rope_parameters.get("original_max_position_embeddings") or max_position_embeddings
+    factor = rope_parameters.get("factor") or max_position_embeddings / original
+    beta_fast = rope_parameters.get("beta_fast") or 32
+    beta_slow = rope_parameters.get("beta_slow") or 1
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rope_parameters.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = rope_parameters.get("mscale"), rope_parameters.get("mscale_all_dim")
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope_parameters.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high  # no zero-width ramp
+    extrapolation = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # [dim // 2]
+    interpolation = extrapolation / factor
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (high frequencies), 0: interpolate
+    return interpolation * (1 - keep) + extrapolation * keep, float(attention_factor)

@@ -63,15 +63,16 @@ class Gemma3RotaryEmbedding(nn.Module):
 
     def __init__(self, rope_parameters: dict[str, Any], head_dim: int) -> None:
         super().__init__()
-        inv_freq = compute_inv_freq(rope_parameters, head_dim)
+        inv_freq = compute_inv_freq(rope_parameters, head_dim)  # refuses YaRN, which would scale cos/sin too
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim // 2]
+        self.attention_scaling = 1.0
 
     # Copied from transformers_static.models.llama.modeling_llama.LlamaRotaryEmbedding.forward
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]  # [batch, q_len, head_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [batch, q_len, head_dim]
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
 # Copied from transformers_static.models.llama.modeling_llama.rotate_half

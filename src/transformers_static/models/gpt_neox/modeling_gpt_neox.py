@@ -13,7 +13,7 @@ from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_causal_lm import CausalLMMixin
 from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
 from ...modeling_outputs import BaseModelOutputWithPast
-from ...modeling_rope_utils import compute_inv_freq
+from ...modeling_rope_utils import rope_frequencies
 from ...modeling_utils import PreTrainedModel
 from .configuration_gpt_neox import GPTNeoXConfig
 
@@ -35,7 +35,9 @@ class GPTNeoXRotaryEmbedding(nn.Module):
 
     def __init__(self, config: GPTNeoXConfig) -> None:
         super().__init__()
-        inv_freq = compute_inv_freq(config.rope_parameters, config.rotary_ndims)
+        inv_freq, self.attention_scaling = rope_frequencies(
+            config.rope_parameters, config.rotary_ndims, config.max_position_embeddings
+        )
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [rotary_ndims // 2]
 
     # Copied from transformers_static.models.llama.modeling_llama.LlamaRotaryEmbedding.forward with head_dim->rotary_ndims
@@ -43,7 +45,7 @@ class GPTNeoXRotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]  # [batch, q_len, rotary_ndims // 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [batch, q_len, rotary_ndims]
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
 # Copied from transformers_static.models.llama.modeling_llama.rotate_half

@@ -15,9 +15,6 @@ quantization config is refused with a message that says how to dequantize them f
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,7 +23,7 @@ from ...attention_utils import attention_forward
 from ...cache_utils import Cache
 from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
-from ...modeling_rope_utils import compute_inv_freq
+from ...modeling_rope_utils import rope_frequencies
 from ...modeling_utils import PreTrainedModel
 from ...moe_utils import MoeCausalLMMixin, MoeModelOutputWithPast, StackedExperts
 from .configuration_gpt_oss import GptOssConfig
@@ -50,43 +47,6 @@ class GptOssRMSNorm(nn.Module):
         return (self.weight * hidden_states).to(input_dtype)
 
 
-def yarn_inv_freq(
-    rope_parameters: dict[str, Any], dim: int, max_position_embeddings: int
-) -> tuple[torch.Tensor, float]:
-    """YaRN's inverse frequencies `[dim // 2]` (float32) and cos/sin scale, as upstream computes them: frequencies
-    that rotate fewer than `beta_slow` times over the pretraining length (`original_max_position_embeddings`) are
-    divided by `factor`, those rotating more than `beta_fast` times kept, a linear ramp between (its bounds rounded
-    outwards unless `truncate` is False); the scale is `attention_factor`, else `0.1 * ln(factor) + 1` (with
-    `mscale` / `mscale_all_dim`, their ratio)."""
-    base = float(rope_parameters["rope_theta"])
-    original = rope_parameters["original_max_position_embeddings"]
-    factor = rope_parameters["factor"] or max_position_embeddings / original
-    beta_fast = rope_parameters.get("beta_fast") or 32
-    beta_slow = rope_parameters.get("beta_slow") or 1
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attention_factor = rope_parameters.get("attention_factor")
-    if attention_factor is None:
-        m, m_all = rope_parameters.get("mscale"), rope_parameters.get("mscale_all_dim")
-        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-
-    def correction_dim(rotations: float) -> float:
-        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if rope_parameters.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    high = high + 0.001 if low == high else high  # no zero-width ramp
-    extrapolation = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # [dim // 2]
-    interpolation = extrapolation / factor
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    keep = 1 - ramp  # 1: extrapolate (high frequencies), 0: interpolate
-    return interpolation * (1 - keep) + extrapolation * keep, float(attention_factor)
-
-
 class GptOssRotaryEmbedding(nn.Module):
     """cos/sin tables `[batch, q_len, head_dim // 2]` for the given positions, computed in float32 and scaled by
     YaRN's attention factor."""
@@ -94,10 +54,7 @@ class GptOssRotaryEmbedding(nn.Module):
     def __init__(self, config: GptOssConfig) -> None:
         super().__init__()
         params = config.rope_parameters
-        if params["rope_type"] == "yarn":
-            inv_freq, self.attention_scaling = yarn_inv_freq(params, config.head_dim, config.max_position_embeddings)
-        else:
-            inv_freq, self.attention_scaling = compute_inv_freq(params, config.head_dim), 1.0
+        inv_freq, self.attention_scaling = rope_frequencies(params, config.head_dim, config.max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim // 2]
 
     @torch.no_grad()

@@ -12,7 +12,7 @@ from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_causal_lm import CausalLMMixin
 from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
 from ...modeling_outputs import BaseModelOutputWithPast
-from ...modeling_rope_utils import compute_inv_freq
+from ...modeling_rope_utils import rope_frequencies
 from ...modeling_utils import PreTrainedModel
 from .configuration_llama import LlamaConfig
 
@@ -32,18 +32,20 @@ class LlamaRMSNorm(nn.Module):
 
 
 class LlamaRotaryEmbedding(nn.Module):
-    """cos/sin tables `[batch, q_len, head_dim]` for the given positions, computed in float32."""
+    """cos/sin tables `[batch, q_len, head_dim]` for the given positions, computed in float32 (scaled by YaRN's
+    attention factor with rope_type "yarn")."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        inv_freq = compute_inv_freq(config.rope_parameters, config.head_dim)
+        params, dim = config.rope_parameters, config.head_dim
+        inv_freq, self.attention_scaling = rope_frequencies(params, dim, config.max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim // 2]
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]  # [batch, q_len, head_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [batch, q_len, head_dim]
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

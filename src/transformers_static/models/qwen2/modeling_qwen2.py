@@ -17,7 +17,7 @@ from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_causal_lm import CausalLMMixin
 from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
 from ...modeling_outputs import BaseModelOutputWithPast
-from ...modeling_rope_utils import compute_inv_freq
+from ...modeling_rope_utils import rope_frequencies
 from ...modeling_utils import PreTrainedModel
 from .configuration_qwen2 import Qwen2Config
 
@@ -39,18 +39,20 @@ class Qwen2RMSNorm(nn.Module):
 
 # Copied from transformers_static.models.llama.modeling_llama.LlamaRotaryEmbedding with Llama->Qwen2
 class Qwen2RotaryEmbedding(nn.Module):
-    """cos/sin tables `[batch, q_len, head_dim]` for the given positions, computed in float32."""
+    """cos/sin tables `[batch, q_len, head_dim]` for the given positions, computed in float32 (scaled by YaRN's
+    attention factor with rope_type "yarn")."""
 
     def __init__(self, config: Qwen2Config) -> None:
         super().__init__()
-        inv_freq = compute_inv_freq(config.rope_parameters, config.head_dim)
+        params, dim = config.rope_parameters, config.head_dim
+        inv_freq, self.attention_scaling = rope_frequencies(params, dim, config.max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim // 2]
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]  # [batch, q_len, head_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [batch, q_len, head_dim]
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
 # Copied from transformers_static.models.llama.modeling_llama.rotate_half

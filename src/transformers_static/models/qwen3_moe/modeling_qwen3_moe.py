@@ -20,7 +20,7 @@ from ...attention_utils import attention_forward
 from ...cache_utils import Cache
 from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
-from ...modeling_rope_utils import compute_inv_freq
+from ...modeling_rope_utils import rope_frequencies
 from ...modeling_utils import PreTrainedModel
 from ...moe_utils import MoeCausalLMMixin, MoeModelOutputWithPast, StackedExperts, softmax_top_k
 from .configuration_qwen3_moe import Qwen3MoeConfig
@@ -51,7 +51,9 @@ class Qwen3MoeRotaryEmbedding(nn.Module):
 
     def __init__(self, config: Qwen3MoeConfig) -> None:
         super().__init__()
-        inv_freq = compute_inv_freq(config.rope_parameters, head_dim(config))
+        inv_freq, self.attention_scaling = rope_frequencies(
+            config.rope_parameters, head_dim(config), config.max_position_embeddings
+        )
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim // 2]
 
     # Copied from transformers_static.models.llama.modeling_llama.LlamaRotaryEmbedding.forward
@@ -59,7 +61,7 @@ class Qwen3MoeRotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]  # [batch, q_len, head_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [batch, q_len, head_dim]
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
 # Copied from transformers_static.models.llama.modeling_llama.rotate_half
