@@ -163,19 +163,30 @@ def test_the_openai_client_raises_its_own_errors(client) -> None:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10**6)
 
 
-def test_a_client_leaving_mid_stream_frees_its_slot_within_one_step(server) -> None:
-    """(d)"""
+def test_a_client_leaving_mid_stream_frees_its_slot_within_one_step(server, monkeypatch) -> None:
+    """(d) Decode steps slowed to 20 ms each, so the 140-token request is still running once it holds its slot and the
+    client leaves (a tiny model could otherwise finish it first)."""
     port, engine = server[0], server[1]
+    forward = engine.forward
+
+    def slowed(**inputs: object) -> object:
+        if inputs["past_key_values"] is engine.cache:  # a decode step (prefill chunks go through the rows view)
+            time.sleep(0.02)
+        return forward(**inputs)
+
+    monkeypatch.setattr(engine, "forward", slowed)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT_S)
     cancelled = engine.metrics.requests.get("cancelled", 0)
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 140, "stream": True, "seed": 0}  # no EOS early
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
     response = conn.getresponse()
-    assert response.readline().startswith(b"data: ")
-    slot = next(s for s in engine.slots if s is not None)
+    assert response.readline().startswith(b"data: ")  # the role chunk may come before the request has a slot
+    deadline = time.monotonic() + WAIT_S
+    while (slot := next((s for s in engine.slots if s is not None), None)) is None:
+        assert time.monotonic() < deadline, "the request never took a slot"
+        time.sleep(0.001)
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    deadline = time.monotonic() + WAIT_S
     while not slot.request.cancelled:
         assert time.monotonic() < deadline, "the server did not notice the client leaving"
         time.sleep(0.001)
