@@ -130,6 +130,55 @@ def get_attention_function(name: str) -> AttentionFn:
     return ATTENTION_FUNCTIONS[name]
 
 
+def update_kv_cache(
+    module: nn.Module,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    cache_position: torch.Tensor,
+    past_key_values: Cache | StaticLayerCache | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store the new key/value `[batch, kv_heads, q_len, head_dim]` at `cache_position` in `module.layer_idx`'s slot
+    (or in `past_key_values` itself when it is already that slot) and return every key/value the mask covers,
+    `[batch, kv_heads, kv_len, head_dim]`; without a cache, the new ones. Layers that reuse another layer's
+    keys/values (Gemma 4's shared layers) keep what their source got here."""
+    if isinstance(past_key_values, StaticLayerCache):  # this layer's own slot (regional compilation): no index
+        return past_key_values.update_layer(key, value, cache_position)
+    if past_key_values is not None:
+        return past_key_values.update(key, value, module.layer_idx, cache_position)
+    return key, value
+
+
+def attend(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    scaling: float,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the kernel of `module.config._attn_implementation` (`dropout` only while training) over keys/values
+    already in the cache and merge the heads: `[batch, q_len, heads * head_dim]`, ready for the output projection."""
+    attention = get_attention_function(module.config._attn_implementation)
+    attn_output, _ = attention(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        scaling=scaling,
+        dropout=dropout if module.training else 0.0,
+        softcap=softcap,
+        sinks=sinks,
+    )  # [batch, q_len, heads, head_dim]
+    batch, q_len = attn_output.shape[:2]
+    return attn_output.reshape(batch, q_len, -1)
+
+
 def attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -145,26 +194,11 @@ def attention_forward(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The tail every attention module shares: store the new key/value at `cache_position` (before attending, so
-    the query sees its own key), run the kernel of `module.config._attn_implementation` (`dropout` only while
-    training), and merge the heads: `[batch, q_len, heads * head_dim]`, ready for the output projection.
+    the query sees its own key), then `attend`.
 
-    `module` has `layer_idx` (its cache slot, unless `past_key_values` is already that slot) and `config`; query is `[batch, heads, q_len, head_dim]`, key/value
-    `[batch, kv_heads, q_len, head_dim]`."""
-    if isinstance(past_key_values, StaticLayerCache):  # this layer's own slot (regional compilation): no index
-        key, value = past_key_values.update_layer(key, value, cache_position)  # [.., kv_len, ..]
-    elif past_key_values is not None:
-        key, value = past_key_values.update(key, value, module.layer_idx, cache_position)
-    attention = get_attention_function(module.config._attn_implementation)
-    attn_output, _ = attention(
-        module,
-        query,
-        key,
-        value,
-        attention_mask,
-        scaling=scaling,
-        dropout=dropout if module.training else 0.0,
-        softcap=softcap,
-        sinks=sinks,
-    )  # [batch, q_len, heads, head_dim]
-    batch, q_len = attn_output.shape[:2]
-    return attn_output.reshape(batch, q_len, -1)
+    `module` has `layer_idx` (its cache slot, unless `past_key_values` is already that slot) and `config`; query is
+    `[batch, heads, q_len, head_dim]`, key/value `[batch, kv_heads, q_len, head_dim]`."""
+    key, value = update_kv_cache(module, key, value, cache_position=cache_position, past_key_values=past_key_values)
+    return attend(
+        module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, softcap=softcap, sinks=sinks
+    )
