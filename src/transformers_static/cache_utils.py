@@ -11,14 +11,21 @@ Per-row positions (a server's slots, each row a request at its own length): `cac
 `[batch, q_len]`, each row writing its own slots (a scatter on the slot axis; shapes fixed, no host read), and
 `StaticCache.rows(rows)` is a view that writes and attends only the rows `rows` `[batch]` (a prefill chunk into one
 row). Per-row positions need full-length slots: a cache with sliding-window rings refuses them.
+
+Layers differ: a config may give a layer other key/value shapes, or none (`kv_cache_shape(layer_idx)`: a layer that
+reuses another layer's keys/values, a recurrent layer), and a recurrent layer keeps fixed-size states per row
+(`recurrent_state_shapes(layer_idx)`: e.g. a gated delta-net's convolution window and its recurrent state), read
+with `states(layer_idx)` and written back in place with `update_states` (see recurrent_utils).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .configuration_utils import PretrainedConfig
-from .modeling_attn_mask_utils import attention_type, mask_converters
+from .modeling_attn_mask_utils import LINEAR_ATTENTION, attention_type, mask_converters
 
 # generate's default prefill chunk: the room a StaticCache's sliding-window rings leave for one forward's tokens.
 DEFAULT_PREFILL_CHUNK_SIZE = 32
@@ -59,28 +66,51 @@ class Cache:
     def update_ring_positions(self, cache_position: torch.Tensor) -> None:
         """Record the cache positions the rings hold once `cache_position` is written (before the layers write)."""
 
+    def states(self, layer_idx: int) -> dict[str, torch.Tensor] | None:
+        """A recurrent layer's states by name (`[batch, ...]`), None before its first write (zeros)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no recurrent states")
+
+    def update_states(self, layer_idx: int, states: dict[str, torch.Tensor]) -> None:
+        """Store a recurrent layer's new states (a StaticCache copies them into its buffers in place)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no recurrent states")
+
 
 class DynamicCache(Cache):
     """Concatenates new keys/values along the sequence axis; shapes grow every step (not for compiled decoding)."""
 
     def __init__(self) -> None:
-        self.key_cache: list[torch.Tensor] = []  # per layer: [batch, kv_heads, seq, head_dim]
-        self.value_cache: list[torch.Tensor] = []
+        # per layer: [batch, kv_heads, seq, head_dim], None for a layer that stored nothing (yet)
+        self.key_cache: list[torch.Tensor | None] = []
+        self.value_cache: list[torch.Tensor | None] = []
         self.key_positions: torch.Tensor | None = None  # [batch, seq]
+        self.layer_states: dict[int, dict[str, torch.Tensor]] = {}  # recurrent layers' states
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer_idx == len(self.key_cache):
-            self.key_cache.append(key_states)
-            self.value_cache.append(value_states)
-        else:
-            self.key_cache[layer_idx] = torch.cat([self.key_cache[layer_idx], key_states], dim=-2)
-            self.value_cache[layer_idx] = torch.cat([self.value_cache[layer_idx], value_states], dim=-2)
-        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+        missing = layer_idx + 1 - len(self.key_cache)
+        self.key_cache += [None] * missing
+        self.value_cache += [None] * missing
+        keys, values = self.key_cache[layer_idx], self.value_cache[layer_idx]
+        if keys is not None:
+            key_states = torch.cat([keys, key_states], dim=-2)
+            value_states = torch.cat([values, value_states], dim=-2)
+        self.key_cache[layer_idx], self.value_cache[layer_idx] = key_states, value_states
+        return key_states, value_states
+
+    def states(self, layer_idx: int) -> dict[str, torch.Tensor] | None:
+        return self.layer_states.get(layer_idx)
+
+    def update_states(self, layer_idx: int, states: dict[str, torch.Tensor]) -> None:
+        self.layer_states[layer_idx] = states
+
+    def stored(self) -> list[torch.Tensor]:
+        """Every layer's stored keys (skipping layers without any)."""
+        return [keys for keys in self.key_cache if keys is not None]
 
     def get_seq_length(self) -> int:
-        return self.key_cache[0].shape[-2] if self.key_cache else 0
+        stored = self.stored()
+        return stored[0].shape[-2] if stored else 0
 
     def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         previous = self.key_positions
@@ -91,8 +121,9 @@ class DynamicCache(Cache):
         return self.get_seq_length() + q_len
 
     def validate(self, batch_size: int, cache_position: torch.Tensor) -> None:
-        if self.key_cache and self.key_cache[0].shape[0] != batch_size:
-            raise ValueError(f"batch size {batch_size} does not match the cache's {self.key_cache[0].shape[0]}")
+        held = self.stored() or [s for states in self.layer_states.values() for s in states.values()]
+        if held and held[0].shape[0] != batch_size:
+            raise ValueError(f"batch size {batch_size} does not match the cache's {held[0].shape[0]}")
 
 
 class StaticCache(Cache):
@@ -122,7 +153,7 @@ class StaticCache(Cache):
             )
         self.max_batch_size = max_batch_size
         self.max_cache_len = max_cache_len
-        num_layers, kv_heads, head_dim = cache_shape(config)
+        kv_shapes = kv_cache_shapes(config)
         # {kind: window} of the sliding kinds whose ring is shorter than the full length
         self.ring_windows = {
             kind: converter.sliding_window
@@ -135,27 +166,54 @@ class StaticCache(Cache):
             for kind, window in self.ring_windows.items()
         }  # per ring kind: [slots], the cache position each slot holds (-1: never written)
         # per layer: its ring's window, None for full-length slots
-        self.layer_windows = [self.ring_windows.get(attention_type(config, i)) for i in range(num_layers)]
-        self.key_cache, self.value_cache = [], []
-        for window in self.layer_windows:
+        self.layer_windows = [self.ring_windows.get(attention_type(config, i)) for i in range(len(kv_shapes))]
+        # per layer: [max_batch_size, kv_heads, slots, head_dim], None for a layer without key/value slots
+        self.key_cache: list[torch.Tensor | None] = []
+        self.value_cache: list[torch.Tensor | None] = []
+        for window, kv_shape in zip(self.layer_windows, kv_shapes, strict=True):
             slots = max_cache_len if window is None else ring_slots(window, prefill_chunk_size)
-            shape = (max_batch_size, kv_heads, slots, head_dim)
-            self.key_cache.append(torch.zeros(shape, dtype=dtype, device=device))
-            self.value_cache.append(torch.zeros(shape, dtype=dtype, device=device))
+            for store in (self.key_cache, self.value_cache):
+                store.append(
+                    None
+                    if kv_shape is None
+                    else torch.zeros(max_batch_size, kv_shape[0], slots, kv_shape[1], dtype=dtype, device=device)
+                )
+        # per recurrent layer: its states by name, [max_batch_size, *shape]
+        self.state_specs = {i: specs for i, specs in enumerate(recurrent_state_specs(config)) if specs}
+        self.layer_states = {
+            i: {
+                name: torch.full((max_batch_size, *spec.shape), spec.fill, dtype=spec.dtype or dtype, device=device)
+                for name, spec in specs.items()
+            }
+            for i, specs in self.state_specs.items()
+        }
         self.key_positions = torch.zeros(max_batch_size, max_cache_len, dtype=torch.long, device=device)
-        buffers = (*self.key_cache, *self.value_cache, self.key_positions, *self.ring_cache_positions.values())
-        for tensor in buffers:
+        for tensor in self._buffers():
             torch._dynamo.mark_static_address(tensor)
+
+    def _buffers(self) -> list[torch.Tensor]:
+        """Every tensor the cache holds (their addresses never change)."""
+        slots = [t for t in (*self.key_cache, *self.value_cache) if t is not None]
+        states = [t for states in self.layer_states.values() for t in states.values()]
+        return [*slots, *states, self.key_positions, *self.ring_cache_positions.values()]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.layer(layer_idx).update_layer(key_states, value_states, cache_position)
 
-    def layer(self, layer_idx: int) -> StaticLayerCache:
+    def layer(self, layer_idx: int) -> StaticLayerCache | RecurrentLayerCache:
         """Layer `layer_idx`'s slot: what a compiled layer body gets instead of a layer index (see
-        StaticLayerCache)."""
+        StaticLayerCache; a recurrent layer's is its states, RecurrentLayerCache)."""
+        if layer_idx in self.layer_states:
+            return RecurrentLayerCache(self.layer_states[layer_idx])
         return StaticLayerCache(self.key_cache[layer_idx], self.value_cache[layer_idx], self.layer_windows[layer_idx])
+
+    def states(self, layer_idx: int) -> dict[str, torch.Tensor]:
+        return self.layer_states[layer_idx]
+
+    def update_states(self, layer_idx: int, states: dict[str, torch.Tensor]) -> None:
+        RecurrentLayerCache(self.layer_states[layer_idx]).update_states(layer_idx, states)
 
     def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         key_positions = self.key_positions[: position_ids.shape[0]]  # [batch, max_cache_len]
@@ -192,7 +250,7 @@ class StaticCache(Cache):
         """Slots written so far, counted as upstream counts them: the slots of the first full-length layer and row
         holding a nonzero key; with ring layers only, one past the last position the ring holds (one host read; the
         static path itself never asks, it passes `cache_position`)."""
-        full = [i for i, window in enumerate(self.layer_windows) if window is None]
+        full = [i for i, window in enumerate(self.layer_windows) if window is None and self.key_cache[i] is not None]
         if full:
             return int(self.key_cache[full[0]][0].any(dim=-1).any(dim=0).sum())
         return int(next(iter(self.ring_cache_positions.values())).max()) + 1
@@ -235,10 +293,13 @@ class StaticCache(Cache):
     def reset(self) -> None:
         """Zero every slot in place, rings unwritten (shapes and addresses unchanged, so compiled graphs stay
         valid)."""
-        for tensor in (*self.key_cache, *self.value_cache, self.key_positions):
+        for tensor in self._buffers():
             tensor.zero_()
         for held in self.ring_cache_positions.values():
             held.fill_(-1)
+        for i, specs in self.state_specs.items():
+            for name, spec in specs.items():
+                self.layer_states[i][name].fill_(spec.fill)
 
 
 class StaticLayerCache:
@@ -306,6 +367,11 @@ class StaticCacheRows(Cache):
                 f"StaticCache.rows needs full-length slots, but this cache keeps sliding-window rings "
                 f"(windows {cache.ring_windows})"
             )
+        if cache.layer_states:
+            raise ValueError(
+                f"StaticCache.rows does not support recurrent layers (layers {sorted(cache.layer_states)} keep "
+                "states, not slots)"
+            )
         if rows.dim() != 1 or rows.dtype != torch.long:
             raise ValueError(f"rows must be a 1D int64 tensor [batch], got {rows.dtype} {list(rows.shape)}")
         self.cache, self.rows = cache, rows
@@ -345,10 +411,37 @@ def ring_overflows(slots: int, window: int, q_len: int) -> bool:
     return q_len > slots - window + 1
 
 
-def cache_shape(config: PretrainedConfig) -> tuple[int, int, int]:
-    """(num_layers, kv_heads, head_dim) of a model config's cache; under tensor parallelism, this rank's kv heads."""
+def kv_cache_shapes(config: PretrainedConfig) -> list[tuple[int, int] | None]:
+    """Per layer, `(kv_heads, head_dim)` of its key/value slots (under tensor parallelism, this rank's kv heads),
+    or None for a layer without slots. A config whose layers differ says so with `kv_cache_shape(layer_idx)`;
+    otherwise every layer has `attention_shape`'s, except recurrent (`linear_attention`) layers, which have none."""
     _, kv_heads, head_dim = attention_shape(config)
-    return config.num_hidden_layers, len(config.tp_heads(kv_heads)), head_dim
+    layer_types = getattr(config, "layer_types", None) or []
+    shapes = []
+    for i in range(config.num_hidden_layers):
+        if hasattr(config, "kv_cache_shape"):
+            shape = config.kv_cache_shape(i)
+        else:
+            shape = None if i < len(layer_types) and layer_types[i] == LINEAR_ATTENTION else (kv_heads, head_dim)
+        shapes.append(None if shape is None else (len(config.tp_heads(shape[0])), shape[1]))
+    return shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentState:
+    """One recurrent state of a layer: its shape per row, its dtype (None: the cache's) and its value before anything
+    is written."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype | None = None
+    fill: float = 0
+
+
+def recurrent_state_specs(config: PretrainedConfig) -> list[dict[str, RecurrentState]]:
+    """Per layer, `{name: RecurrentState}` of its recurrent states (empty for a layer without), from the config's
+    `recurrent_state_shapes(layer_idx)`."""
+    specs = getattr(config, "recurrent_state_shapes", None)
+    return [(specs(i) if specs else None) or {} for i in range(config.num_hidden_layers)]
 
 
 def attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
@@ -357,3 +450,20 @@ def attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return heads, kv_heads, head_dim
+
+
+class RecurrentLayerCache:
+    """One recurrent layer's states of a StaticCache, `{name: [max_batch_size, ...]}`: what a compiled layer body
+    gets in place of the cache. `update_states` copies the new states into the same storage (the first `batch`
+    rows), so compiled graphs (and CUDA graphs) keep their addresses."""
+
+    def __init__(self, layer_states: dict[str, torch.Tensor]) -> None:
+        self.layer_states = layer_states
+
+    def states(self, layer_idx: int) -> dict[str, torch.Tensor]:
+        return self.layer_states
+
+    def update_states(self, layer_idx: int, states: dict[str, torch.Tensor]) -> None:
+        for name, state in states.items():
+            held = self.layer_states[name]
+            held[: state.shape[0]].copy_(state)

@@ -48,6 +48,7 @@ import torch
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
+LINEAR_ATTENTION = "linear_attention"  # a recurrent layer (gated delta-net): reads the full causal mask
 
 
 class AttentionMaskConverter:
@@ -219,12 +220,23 @@ class AttentionMaskConverter:
 
 
 def attention_type(config: Any, layer_idx: int) -> str:
-    """The mask kind of one layer: `config.layer_types[layer_idx]` where the config lists them, else sliding for
-    every layer when the config has a `sliding_window`, else full causal."""
+    """The mask kind of one layer: `config.layer_types[layer_idx]` where the config lists them (a recurrent
+    `linear_attention` layer reads the full causal mask, see `visible_slots`), else sliding for every layer when
+    the config has a `sliding_window`, else full causal."""
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
-        return layer_types[layer_idx]
+        kind = layer_types[layer_idx]
+        return FULL_ATTENTION if kind == LINEAR_ATTENTION else kind
     return SLIDING_ATTENTION if getattr(config, "sliding_window", None) else FULL_ATTENTION
+
+
+def visible_slots(mask: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """What a 4D mask `[batch, 1, q_len, kv_len]` (bool, or additive) means to a recurrent layer: whether each query
+    token sees the keys at `slots` `[batch, q_len, n]` (bool `[batch, q_len, n]`; a slot < 0, nothing written,
+    is never seen). A recurrent layer asks about the tokens fed before each one (recurrent_utils)."""
+    kv_len = mask.shape[-1]
+    allowed = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] > torch.finfo(mask.dtype).min / 2
+    return allowed.gather(2, slots.clamp(min=0, max=kv_len - 1)) & (slots >= 0)
 
 
 def mask_converters(config: Any) -> dict[str, AttentionMaskConverter]:

@@ -49,10 +49,14 @@ def reorder_rows(tensor: torch.Tensor, rows: torch.Tensor) -> None:
 
 
 def reorder_cache(cache: StaticCache | DynamicCache, rows: torch.Tensor) -> None:
-    """Every layer's keys and values (full-length or ring slots alike: a row moves whole) and the per-row key
-    positions, reordered in place. Ring slot positions are shared by all rows and stay."""
+    """Every layer's keys and values (full-length or ring slots alike: a row moves whole), recurrent layers' states
+    and the per-row key positions, reordered in place. Ring slot positions are shared by all rows and stay."""
     for tensor in (*cache.key_cache, *cache.value_cache):
-        reorder_rows(tensor, rows)  # [rows, kv_heads, slots, head_dim]
+        if tensor is not None:
+            reorder_rows(tensor, rows)  # [rows, kv_heads, slots, head_dim]
+    for states in cache.layer_states.values():
+        for state in states.values():
+            reorder_rows(state, rows)  # [rows, ...]
     if cache.key_positions is not None:
         reorder_rows(cache.key_positions, rows)  # [rows, kv_len]
 

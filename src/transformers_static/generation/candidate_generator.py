@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from ..cache_utils import recurrent_state_specs
+from ..configuration_utils import PretrainedConfig
 from .configuration_utils import GenerationConfig
 from .logits_process import LogitsProcessing, next_tokens
 
@@ -122,6 +124,17 @@ def lookup_candidates(tokens: list[int], num_tokens: int, max_ngram: int) -> lis
             if tokens[start : start + n] == tail and start + n < length:
                 return tokens[start + n : min(start + n + num_tokens, length)]
     return []
+
+
+def check_rewindable(model_config: PretrainedConfig, name: str) -> None:
+    """A verify step drops rejected drafts by writing over their cache slots; a recurrent layer's state has already
+    taken them in (recurrent_utils), so a model with recurrent layers cannot verify drafts, nor be the draft model."""
+    recurrent = [i for i, specs in enumerate(recurrent_state_specs(model_config)) if specs]
+    if recurrent:
+        raise NotImplementedError(
+            f"generate does not support {name} with a {model_config.model_type} model: its recurrent layers "
+            f"{recurrent} keep a state that rejected draft tokens cannot be taken back out of"
+        )
 
 
 def check_candidates(config: GenerationConfig, batch: int, streaming: bool, assisted: bool) -> None:

@@ -23,7 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from ..cache_utils import StaticCache, StaticLayerCache
+from ..cache_utils import RecurrentLayerCache, StaticCache, StaticLayerCache
 from ..modeling_inputs import AttentionInputs
 
 COMPILE_OPTIONS = {"fullgraph": True, "dynamic": False}
@@ -35,6 +35,12 @@ pytree.register_pytree_node(
     lambda slot: ([slot.keys, slot.values], slot.window),
     lambda tensors, window: StaticLayerCache(*tensors, window),
     serialized_type_name="transformers_static.cache_utils.StaticLayerCache",
+)
+pytree.register_pytree_node(
+    RecurrentLayerCache,
+    lambda slot: (list(slot.layer_states.values()), list(slot.layer_states)),
+    lambda tensors, names: RecurrentLayerCache(dict(zip(names, tensors, strict=True))),
+    serialized_type_name="transformers_static.cache_utils.RecurrentLayerCache",
 )
 
 
@@ -106,7 +112,7 @@ class RegionalForward:
             for layer, _ in self.layers:
                 del layer.forward
 
-    def _layer_call(self, layer: nn.Module, slot: StaticLayerCache) -> Callable[..., Any]:
+    def _layer_call(self, layer: nn.Module, slot: StaticLayerCache | RecurrentLayerCache) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             args = tuple(_with_slot(a, slot) for a in args)
             kwargs = {k: _with_slot(v, slot) for k, v in kwargs.items()}
@@ -115,7 +121,7 @@ class RegionalForward:
         return call
 
 
-def _with_slot(value: Any, slot: StaticLayerCache) -> Any:
+def _with_slot(value: Any, slot: StaticLayerCache | RecurrentLayerCache) -> Any:
     """The layer's per-forward inputs with the cache replaced by the layer's own slot."""
     if isinstance(value, AttentionInputs):
         return dataclasses.replace(value, past_key_values=slot)

@@ -29,7 +29,14 @@ from ..modeling_attn_mask_utils import StaticDecodeMask, mask_converters, positi
 from ..modeling_inputs import inputs_checked
 from .assisted_decoding import DraftModel, check_assistant, resolve_assistant_fields
 from .beam_search import GenerateBeamDecoderOnlyOutput, beam_search, expand_rows
-from .candidate_generator import PromptLookup, candidate_decode, check_candidates, check_processing, verify_width
+from .candidate_generator import (
+    PromptLookup,
+    candidate_decode,
+    check_candidates,
+    check_processing,
+    check_rewindable,
+    verify_width,
+)
 from .compilation import compile_forward, default_strategy
 from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig, generation_lengths, warn_once
 from .logits_process import LogitsProcessing, logits_processing, next_tokens
@@ -155,6 +162,9 @@ class GenerationMixin:
         candidates = assistant_model is not None or config.prompt_lookup_num_tokens is not None
         if candidates:
             check_candidates(config, input_ids.shape[0], streamer is not None, assisted=assistant_model is not None)
+            name = "assistant_model" if assistant_model is not None else "prompt_lookup_num_tokens"
+            for model in (self, assistant_model) if assistant_model is not None else (self,):
+                check_rewindable(model.config, name)
         lengths = generation_lengths(
             config,
             input_ids.shape[1],
