@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch._dynamo
+import torch.utils._pytree as pytree
 import transformers
 from torch._dynamo.testing import EagerAndRecordGraphs
 
@@ -34,6 +35,12 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, use_sliding_window=True, max_window_layers=2, sliding_window=3,
         initializer_range=0.3,
+    ),
+    # Qwen3.5: gated delta-net layers (states, no slots) between full-attention layers: two bodies.
+    "qwen3_5": transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, full_attention_interval=2,
     ),
     # GPT-2: learned positions (a position table), its own block layout.
     "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=64),
@@ -77,7 +84,10 @@ def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) ->
     calls = [node for node in graph.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
     assert len(calls) == model.config.num_hidden_layers
     cache = model._generation_cache[1]
-    layouts = {(keys.shape, window) for keys, window in zip(cache.key_cache, cache.layer_windows, strict=True)}
+    slots = [cache.layer(i) for i in range(model.config.num_hidden_layers)]
+    layouts = {
+        (type(slot), *(t.shape for t in pytree.tree_leaves(slot)), getattr(slot, "window", None)) for slot in slots
+    }
     assert len({node.args[0].target for node in calls}) == len(layouts)  # one body per slot layout (qwen2: 2)
 
 

@@ -38,6 +38,7 @@ KINDS = {
     "llama2_as_is": (fixtures.llama2_tokenizer, {"tokenizer_class": "PreTrainedTokenizerFast"}),
     "unigram": (fixtures.unigram_tokenizer, {}),
     "qwen2_hub_class_overridden": (fixtures.qwen2_tokenizer, {}),
+    "qwen3_5": (fixtures.qwen3_5_tokenizer, {}),
     "gpt_neox": (fixtures.neox_tokenizer, {}),
     "gemma": (fixtures.gemma_tokenizer, {}),
 }
@@ -277,6 +278,20 @@ def test_fix_mistral_regex_in_tokenizer_config_is_refused(tokenizer_dirs, tmp_pa
     for loader in (AutoTokenizer, TokenizersBackend):
         with pytest.raises(NotImplementedError, match=r"tokenizer_config.json sets fix_mistral_regex=True.*Mistral"):
             loader.from_pretrained(path)
+
+
+def test_qwen3_5_keeps_combining_marks_in_words_where_qwen2_splits_them(tokenizer_dirs) -> None:
+    """Devanagari vowel signs are marks (\\p{M}): Qwen3.5's split keeps them in the word, Qwen2's does not."""
+    text = "नमस्ते दुनिया, hello"
+    theirs, ours = load_pair(tokenizer_dirs["qwen3_5"])
+    assert type(ours).__name__ == "Qwen3_5Tokenizer"
+    assert ours.tokenize(text) == theirs.tokenize(text)
+
+    def words(tokenizer) -> list[str]:
+        return [word for word, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+
+    assert words(ours) == words(theirs)
+    assert len(words(ours)) < len(words(load_pair(tokenizer_dirs["qwen2_hub_class_overridden"])[1]))
 
 
 @pytest.mark.parametrize("name", ["GPT2Tokenizer", "GemmaTokenizer", "Qwen2Tokenizer", "TokenizersBackend"])

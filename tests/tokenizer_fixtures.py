@@ -191,6 +191,13 @@ def qwen2_tokenizer(path: str) -> str:
     return _write(path, byte_level_bpe(specials), config, model_type="qwen2")
 
 
+def qwen3_5_tokenizer(path: str) -> str:
+    """A Qwen3.5 checkpoint: its own class (a split that keeps combining marks in words)."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    config = {"tokenizer_class": "Qwen3_5Tokenizer", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    return _write(path, byte_level_bpe(specials), config, model_type="qwen3_5_text")
+
+
 def neox_tokenizer(path: str) -> str:
     config = {"tokenizer_class": "GPTNeoXTokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
     return _write(path, byte_level_bpe(["<|endoftext|>", "<|padding|>"]), config, model_type="gpt_neox")

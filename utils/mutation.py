@@ -60,6 +60,7 @@ NEOX_TIED = "tests/models/gpt_neox/test_modeling_gpt_neox.py::GPTNeoXSequentialT
 GEMMA2 = "tests/models/gemma2/test_modeling_gemma2.py::Gemma2ParityTest::"
 MISTRAL = "tests/models/mistral/test_modeling_mistral.py::MistralParityTest::"
 GENERATION = "tests/test_generation.py::"
+QWEN3_5 = "tests/models/qwen3_5/test_modeling_qwen3_5.py::"
 
 
 @dataclass(frozen=True)
@@ -651,6 +652,35 @@ MUTANTS = (
         "return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)",
         "return emb.cos().to(x.dtype), emb.sin().to(x.dtype)",
         "tests/test_rope_utils.py::test_yarn_models_match_upstream_past_the_pretraining_length[LlamaForCausalLM-fields0]",
+    ),
+    # --- recurrent layers (issue 26)
+    mutant(
+        "delta-rule-step-keeps-the-state-at-a-start",
+        "recurrent_utils.py",
+        "state = state.float() * g.exp()[..., None] * keep",
+        "state = state.float() * g.exp()[..., None]",
+        "tests/test_recurrent_utils.py::test_chunks_equal_the_recurrence_with_sequence_starts[8]",
+    ),
+    mutant(
+        "delta-rule-chunk-decays-across-sequences",
+        "recurrent_utils.py",
+        "same = (segment[..., :, None] == segment[..., None, :]) & causal",
+        "same = causal.expand_as(segment[..., :, None] == segment[..., None, :])",
+        QWEN3_5 + "Qwen3_5ParityTest::test_packed_4d_mask_matches_upstream_on_each_sequence_sdpa",
+    ),
+    mutant(
+        "conv-reads-masked-taps",
+        "recurrent_utils.py",
+        "taps = taps * visible.flip(-1)[:, None].to(taps.dtype)",
+        "taps = taps * 1",
+        "tests/test_recurrent_utils.py::test_the_convolution_follows_the_tokens_fed_not_the_slots",
+    ),
+    mutant(
+        "beam-reorder-leaves-the-states",
+        "generation/beam_search.py",
+        "            reorder_rows(state, rows)  # [rows, ...]",
+        "            pass",
+        QWEN3_5 + "Qwen3_5ParityTest::test_beam_search_reorders_the_states_with_the_rows",
     ),
 )
 

@@ -204,6 +204,8 @@ class PreTrainedTokenizerBase(ChatTemplateMixin):
         "mask_token",
     ]
     model_input_names: ClassVar[list[str]] = ["input_ids", "attention_mask"]
+    # file fields upstream's class writes to tokenizer_config.json as null (its __init__ passes them on by name)
+    saved_as_null: ClassVar[tuple[str, ...]] = ()
     padding_side: str = "right"
     truncation_side: str = "right"
 
@@ -589,6 +591,7 @@ class PreTrainedTokenizerBase(ChatTemplateMixin):
             "device_map",
         ):
             config.pop(key, None)
+        config.update(dict.fromkeys(self.saved_as_null))
         config["tokenizer_class"] = type(self).__name__
         config_file = os.path.join(save_directory, TOKENIZER_CONFIG_FILE)
         with open(config_file, "w", encoding="utf-8") as f:

@@ -30,14 +30,15 @@ CONFIG_MAPPING_NAMES = {
     "phi3": "Phi3Config",
     "qwen2": "Qwen2Config",
     "qwen3": "Qwen3Config",
+    "qwen3_5_text": "Qwen3_5TextConfig",
     "qwen3_moe": "Qwen3MoeConfig",
     "smollm3": "SmolLM3Config",
     "starcoder2": "Starcoder2Config",
 }
 
 
-# model_types whose package is named otherwise (upstream's text-only Gemma 3 lives in models/gemma3/)
-MODEL_TYPE_TO_MODULE_NAME = {"gemma3_text": "gemma3"}
+# model_types whose package is named otherwise (upstream's text-only models live in their family's package)
+MODEL_TYPE_TO_MODULE_NAME = {"gemma3_text": "gemma3", "qwen3_5_text": "qwen3_5"}
 
 
 def model_module_name(model_type: str) -> str:

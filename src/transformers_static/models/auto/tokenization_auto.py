@@ -37,6 +37,7 @@ TOKENIZER_MAPPING_NAMES = {
     "phi3": "TokenizersBackend",
     "qwen2": "Qwen2Tokenizer",
     "qwen3": "Qwen2Tokenizer",
+    "qwen3_5_text": "Qwen3_5Tokenizer",
     "qwen3_moe": "Qwen2Tokenizer",
     "starcoder2": "GPT2Tokenizer",
 }
@@ -50,6 +51,7 @@ TOKENIZER_CLASSES = {
     "GemmaTokenizer": "gemma",
     "LlamaTokenizer": "llama",
     "Qwen2Tokenizer": "qwen2",
+    "Qwen3_5Tokenizer": "qwen3_5",
 }
 
 
