@@ -71,7 +71,7 @@ def compare(spec: dict) -> dict:
         "tokens": split.generate(ids, **call).tolist(),
         "single_tokens": single.generate(ids, **call).tolist(),
         "dynamic_tokens": split.generate(ids, cache_implementation="dynamic", **call).tolist(),
-        "cache_kv_heads": split._generation_cache[1].key_cache[0].shape[1],
+        "cache_kv_heads": next(k for k in split._generation_cache[1].key_cache if k is not None).shape[1],
         **parameter_bytes(single, split),
         **whole_projections(single, split),
     }

@@ -186,10 +186,32 @@ CHECKPOINTS: dict[str, Checkpoint] = {
         {},
     ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(SIZES, num_key_value_heads=2, pad_token_id=1), {}),
+    # gated delta-net layers replicated (their states whole on each rank), the attention layers split by heads
+    "qwen3_5_text": (
+        "Qwen3_5TextConfig",
+        "Qwen3_5ForCausalLM",
+        dict(
+            SIZES,
+            num_key_value_heads=2,
+            head_dim=16,
+            full_attention_interval=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+        ),
+        {},
+    ),
 }
 # Projections a plan keeps whole on purpose, by checkpoint: OLMo2 normalises q and k over the whole projection
 # (all heads), so each rank computes them in full and keeps its heads afterwards (upstream gathers the outputs).
-WHOLE_ON_PURPOSE = {"olmo2": ("self_attn.q_proj", "self_attn.k_proj")}
+# Qwen3.5's gated delta-net layers are replicated: every rank runs them whole (their recurrent states too).
+WHOLE_ON_PURPOSE = {
+    "olmo2": ("self_attn.q_proj", "self_attn.k_proj"),
+    "qwen3_5_text": tuple(
+        f"linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+    ),
+}
 # The checkpoints the workers run: all, or the comma-separated names in this variable (the mutation check narrows
 # them to the one its selected test reads); tests of the others are skipped, saying why.
 SELECTED_ENV = "TRANSFORMERS_STATIC_TP_CHECKPOINTS"
