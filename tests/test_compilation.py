@@ -17,7 +17,8 @@ from torch._dynamo.testing import EagerAndRecordGraphs
 from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, StaticCache
 from transformers_static.attention_utils import attention_forward
 from transformers_static.cache_utils import DynamicCache
-from transformers_static.generation.compilation import compile_forward, decoder_layers, default_strategy
+from transformers_static.compile_regions import decoder_layers, default_strategy
+from transformers_static.generation.compilation import compile_forward
 
 from .models.causal_lm_tester import count_graphs
 
@@ -89,6 +90,35 @@ def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) ->
         (type(slot), *(t.shape for t in pytree.tree_leaves(slot)), getattr(slot, "window", None)) for slot in slots
     }
     assert len({node.args[0].target for node in calls}) == len(layouts)  # one body per slot layout (qwen2: 2)
+
+
+def test_a_users_own_compile_of_the_forward_is_regional(arch: tuple[str, Path]) -> None:
+    """The seed's use: `torch.compile(model.forward, fullgraph=True, dynamic=False)`, then generate on its static
+    cache. The layers route themselves through their shared region (one call per layer in both graphs, prefill and
+    decode), so a user's compile starts as fast as generate(compile=True); nothing new for another prompt length;
+    tokens equal eager's."""
+    _, path = arch
+    model = AutoModelForCausalLM.from_pretrained(path)
+    calls = [(left_padded(2, 7, 0), 6), (left_padded(2, 12, 1), 9)]
+    expected = [
+        model.generate(ids, attention_mask=mask, max_new_tokens=n, eos_token_id=None) for (ids, mask), n in calls
+    ]
+    torch._dynamo.reset()
+    backend = EagerAndRecordGraphs()
+    eager_forward = model.forward
+    model.forward = torch.compile(eager_forward, backend=backend, fullgraph=True, dynamic=False)
+    try:
+        for i, ((ids, mask), n) in enumerate(calls):
+            with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                got = model.generate(ids, attention_mask=mask, max_new_tokens=n, eos_token_id=None)
+            assert torch.equal(got, expected[i])
+    finally:
+        model.forward = eager_forward
+        torch._dynamo.reset()
+    assert len(backend.graphs) == 2  # prefill chunk, decode step
+    for graph in backend.graphs:
+        calls = [node for node in graph.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
+        assert len(calls) == model.config.num_hidden_layers
 
 
 def test_other_caches_run_the_plain_compiled_forward(arch: tuple[str, Path]) -> None:

@@ -503,9 +503,9 @@ MUTANTS = (
     ),
     mutant(
         "every-layer-writes-the-first-cache-slot",
-        "generation/compilation.py",
-        "layer.forward = self._layer_call(layer, cache.layer(index))",
-        "layer.forward = self._layer_call(layer, cache.layer(0))",
+        "compile_regions.py",
+        "slot = inputs[0].past_key_values.layer(layer._cache_index)",
+        "slot = inputs[0].past_key_values.layer(0)",
         COMPILATION + "test_layers_share_one_body_and_tokens_equal_eager[llama]",
     ),
     mutant(
@@ -652,6 +652,13 @@ MUTANTS = (
         "return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)",
         "return emb.cos().to(x.dtype), emb.sin().to(x.dtype)",
         "tests/test_rope_utils.py::test_yarn_models_match_upstream_past_the_pretraining_length[LlamaForCausalLM-fields0]",
+    ),
+    mutant(
+        "a-users-compile-traces-every-layer",
+        "compile_regions.py",
+        "    if _regions_on and torch.compiler.is_compiling():",
+        "    if _regions_on and torch.compiler.is_compiling() and False:",
+        COMPILATION + "test_a_users_own_compile_of_the_forward_is_regional[llama]",
     ),
     # --- recurrent layers (issue 26)
     mutant(

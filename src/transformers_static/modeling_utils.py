@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .attention_utils import ATTENTION_FUNCTIONS
+from .compile_regions import install_layer_regions
 from .configuration_utils import PretrainedConfig, resolve_dtype
 from .linear_utils import use_decode_linear
 from .modeling_attn_mask_utils import AttentionMaskConverter
@@ -71,11 +72,13 @@ class PreTrainedModel(nn.Module):
         return next(self.parameters()).device
 
     def post_init(self) -> None:
-        """Initialise weights (normal with the config's `initializer_range`), tie them, and give linear layers the
-        compiled one-row kernel (`linear_utils.use_decode_linear`)."""
+        """Initialise weights (normal with the config's `initializer_range`), tie them, give linear layers the
+        compiled one-row kernel (`linear_utils.use_decode_linear`) and decoder layers their shared compiled region
+        (`compile_regions`)."""
         self.apply(self._init_module)
         self.tie_weights()
         use_decode_linear(self)
+        install_layer_regions(self)
 
     def _init_module(self, module: nn.Module) -> None:
         std = getattr(self.config, "initializer_range", 0.02)

@@ -29,7 +29,9 @@ class FalconLinear(nn.Linear):
     int8_layout = "out_in"  # the product, then the bias: as Int8Linear computes it
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = hidden_states @ self.weight.T
+        # .t(), not .T: torch 2.13's nested_compile_region fails on a parameter's `.T` attribute (the layer body of
+        # regional compilation: "Freevar has no source")
+        hidden_states = hidden_states @ self.weight.t()
         return hidden_states if self.bias is None else hidden_states + self.bias
 
 

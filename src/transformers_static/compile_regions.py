@@ -1,0 +1,124 @@
+"""Decoder layers compiled as one shared region, whoever compiles the forward (generate, or a user's own
+`torch.compile(model.forward)`).
+
+Compiling a forward traces and compiles every decoder layer: on CPU most of a first call goes there (dynamo traces
+30 layers, inductor lowers and schedules them all). A region (hierarchical compilation,
+`torch.compiler.nested_compile_region`) keeps one graph for the step, so the step runs as fast, but the layer is
+compiled once and every layer calls that one body. A body is shared only when nothing layer-specific is a constant
+inside it: each layer is handed its own cache slot (`StaticCache.layer(i)`) in place of the cache and its index, so
+the region's inputs are the layer's weights, its slot and the step's tensors (a layer of another kind, such as a
+sliding window or a recurrent layer, is traced again; with inputs of the same shapes it calls the same body, while
+a sliding-window ring shorter than the cache gets a body of its own). The per-forward inputs and the slots are pytree
+nodes, so dynamo matches a layer's call to the compiled body by its tensors alone instead of tracing each layer
+again.
+
+`install_layer_regions(model)` (run by `PreTrainedModel.post_init`) gives each decoder layer a forward that, while
+dynamo traces and the layer's inputs carry a StaticCache off the GPU, calls the shared region with the layer's
+slot; otherwise (eager, another cache, CUDA, whose CUDA graphs were checked on whole graphs, or inside
+`whole_graph()`) it is the layer's own forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from .cache_utils import RecurrentLayerCache, StaticCache, StaticLayerCache
+from .modeling_inputs import AttentionInputs
+
+pytree.register_dataclass(AttentionInputs)
+pytree.register_pytree_node(
+    StaticLayerCache,
+    lambda slot: ([slot.keys, slot.values], slot.window),
+    lambda tensors, window: StaticLayerCache(*tensors, window),
+    serialized_type_name="transformers_static.cache_utils.StaticLayerCache",
+)
+pytree.register_pytree_node(
+    RecurrentLayerCache,
+    lambda slot: (list(slot.layer_states.values()), list(slot.layer_states)),
+    lambda tensors, names: RecurrentLayerCache(dict(zip(names, tensors, strict=True))),
+    serialized_type_name="transformers_static.cache_utils.RecurrentLayerCache",
+)
+
+_regions_on = True  # read while dynamo traces (a guard): whole_graph() turns the regions off for one compile
+
+
+@contextmanager
+def whole_graph() -> Iterator[None]:
+    """Within it, compiled forwards trace every decoder layer inline (the "full" strategy)."""
+    global _regions_on
+    before, _regions_on = _regions_on, False
+    try:
+        yield
+    finally:
+        _regions_on = before
+
+
+def default_strategy(device: torch.device) -> str:
+    """CUDA: the whole step as one plain graph (what CUDA graphs have been checked with). Elsewhere: regional."""
+    return "full" if device.type == "cuda" else "regional"
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's decoder layers: its `nn.ModuleList` of `config.num_hidden_layers` modules of one type."""
+    count = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == count and len({type(m) for m in module}) == 1:
+            return list(module)
+    raise ValueError(f"{type(model).__name__} has no ModuleList of its {count} decoder layers")
+
+
+def cache_index(layer: nn.Module) -> int:
+    """The cache slot of a decoder layer: the `layer_idx` of its attention."""
+    for module in layer.modules():
+        if isinstance(getattr(module, "layer_idx", None), int):
+            return module.layer_idx
+    raise ValueError(f"{type(layer).__name__} has no attention module with a layer_idx")
+
+
+def install_layer_regions(model: nn.Module) -> None:
+    """Route `model`'s decoder layers through one region of their own while compiling (see the module docstring);
+    a model without a list of decoder layers is left as it is."""
+    try:
+        layers = decoder_layers(model)
+    except ValueError:
+        return
+    region = _layer_region()
+    for layer in layers:
+        layer._layer_region, layer._cache_index = region, cache_index(layer)
+        layer.forward = types.MethodType(_routed_forward, layer)  # a deep copy rebinds it to the copied layer
+
+
+def _layer_region() -> Callable[..., Any]:
+    """A fresh region function (dynamo bounds the bodies kept per function, so each model gets its own)."""
+
+    def layer_region(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return type(layer).forward(layer, *args, **kwargs)
+
+    return torch.compiler.nested_compile_region(layer_region)
+
+
+def _routed_forward(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    if _regions_on and torch.compiler.is_compiling():
+        inputs = [v for v in (*args, *kwargs.values()) if isinstance(v, AttentionInputs)]
+        cache = inputs[0].past_key_values if inputs else None
+        if isinstance(cache, StaticCache) and default_strategy(cache.key_positions.device) == "regional":
+            slot = inputs[0].past_key_values.layer(layer._cache_index)
+            args = tuple(_with_slot(a, slot) for a in args)
+            kwargs = {k: _with_slot(v, slot) for k, v in kwargs.items()}
+            return layer._layer_region(layer, *args, **kwargs)
+    return type(layer).forward(layer, *args, **kwargs)
+
+
+def _with_slot(value: Any, slot: StaticLayerCache | RecurrentLayerCache) -> Any:
+    """The layer's per-forward inputs with the cache replaced by the layer's own slot."""
+    if isinstance(value, AttentionInputs):
+        return dataclasses.replace(value, past_key_values=slot)
+    return value
