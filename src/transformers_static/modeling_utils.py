@@ -135,8 +135,9 @@ class PreTrainedModel(nn.Module):
         checkpoint's, else what a conversion holds: `load_checkpoint_state_dict`), so `low_cpu_mem_usage` is always
         on. `trust_remote_code` is never needed for the architectures here and is ignored with a warning.
         `tp_plan="auto"` inside a torchrun launch splits the model over the ranks by its plan, each rank reading only
-        its slices (integrations/tensor_parallel.py, docs/TENSOR_PARALLEL.md). `quantization="int8"` quantizes the
-        linear layers' weights after loading (see `quantization`); a checkpoint saved quantized loads as it was saved.
+        its slices (integrations/tensor_parallel.py, docs/TENSOR_PARALLEL.md). `quantization="int8"` or `"int4"`
+        quantizes the linear layers' weights after loading (see `quantization`); a checkpoint saved quantized loads as
+        it was saved.
         """
         _refuse_unsupported(kwargs)
         hub = {"revision": revision, "local_files_only": local_files_only, "cache_dir": cache_dir, "token": token}
@@ -152,6 +153,11 @@ class PreTrainedModel(nn.Module):
         if quantization is not None:
             check_method(quantization)
         saved_quantized = checkpoint_quantization(config)
+        if quantization is not None and saved_quantized not in (None, quantization):
+            raise ValueError(
+                f"quantization={quantization!r}, but the checkpoint is saved quantized with {saved_quantized!r}: "
+                "it loads as saved (omit quantization, or pass the same method); requantizing needs the float weights"
+            )
         target_dtype = resolve_dtype(dtype if dtype is not None else torch_dtype) or config.dtype or torch.float32
         with _default_dtype(target_dtype), _parameters_on_meta():
             model = cls(config)
@@ -159,7 +165,9 @@ class PreTrainedModel(nn.Module):
             quantize_model(model, saved_quantized, empty=True)  # int8 layers (on meta) that take the saved tensors
         if tp_plan is not None:
             if quantization is not None or saved_quantized is not None:
-                raise NotImplementedError("tp_plan with an int8-quantized model is not supported: split a float model")
+                raise NotImplementedError(
+                    "tp_plan with a quantized model (int8, int4) is not supported: split a float model"
+                )
             if gguf_file is not None:
                 raise NotImplementedError(
                     "tp_plan with gguf_file is not supported (every rank would read and dequantize the whole file): "

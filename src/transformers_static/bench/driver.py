@@ -43,7 +43,7 @@ from .presets import checkpoint_path, model_label
 from .progress import Progress
 from .runners import (
     OURS_EAGER,
-    OURS_INT8_COMPILED,
+    OURS_QUANTIZED,
     UPSTREAM_COMPILED,
     UPSTREAM_EAGER,
     VARIANTS,
@@ -77,7 +77,7 @@ class BenchOptions:
     out: Path = Path("bench_results")
     seed: int = 0
     user_compiled: bool = False  # add ours with the user's own torch.compile(model.forward)
-    quantization: str | None = None  # add ours quantized ("int8"), compiled
+    quantization: str | None = None  # add ours quantized ("int8" or "int4"), compiled
 
 
 @dataclass
@@ -310,7 +310,8 @@ def _compare_with_llama_cpp(results: dict[str, VariantResult], config: Pretraine
     key = (config.model_type, config.hidden_size, config.num_hidden_layers, config.vocab_size)
     figures = LLAMA_CPP_MS_PER_TOKEN.get(key, {})
     for result in results.values():
-        weights = "int8" if result.variant == OURS_INT8_COMPILED else str(dtype).removeprefix("torch.")
+        quantized = {name: method for method, name in OURS_QUANTIZED.items()}
+        weights = quantized.get(result.variant, str(dtype).removeprefix("torch."))
         if result.available and weights in figures:
             result.vs_llama_cpp = result.ms_per_token["median"] / figures[weights]
 

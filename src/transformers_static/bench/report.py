@@ -170,6 +170,7 @@ _COLORS = {
     "ours-compiled": "#1f5fa8",
     "ours-user-compiled": "#5a8fc9",
     "ours-int8-compiled": "#2e9e5b",
+    "ours-int4-compiled": "#7cc48f",
 }
 
 

@@ -24,9 +24,19 @@ from ..models.auto import AutoModelForCausalLM
 Runner = Callable[[torch.Tensor, int, Any], torch.Tensor]
 
 OURS_EAGER, OURS_COMPILED = "ours-eager", "ours-compiled"
-OURS_USER_COMPILED, OURS_INT8_COMPILED = "ours-user-compiled", "ours-int8-compiled"
+OURS_USER_COMPILED = "ours-user-compiled"
+OURS_INT8_COMPILED, OURS_INT4_COMPILED = "ours-int8-compiled", "ours-int4-compiled"
+OURS_QUANTIZED = {"int8": OURS_INT8_COMPILED, "int4": OURS_INT4_COMPILED}
 UPSTREAM_EAGER, UPSTREAM_COMPILED = "upstream-eager", "upstream-compiled"
-VARIANTS = (UPSTREAM_EAGER, UPSTREAM_COMPILED, OURS_EAGER, OURS_COMPILED, OURS_USER_COMPILED, OURS_INT8_COMPILED)
+VARIANTS = (
+    UPSTREAM_EAGER,
+    UPSTREAM_COMPILED,
+    OURS_EAGER,
+    OURS_COMPILED,
+    OURS_USER_COMPILED,
+    OURS_INT8_COMPILED,
+    OURS_INT4_COMPILED,
+)
 
 
 @dataclass
@@ -82,7 +92,7 @@ def ours_variants(
     if quantization is not None:
         quantized = load(quantization=quantization)
         note = f"from_pretrained(quantization={quantization!r}), generate(compile=True); tokens may differ"
-        variants.append(Variant(OURS_INT8_COMPILED, _ours_runner(quantized, True), note, quantized))
+        variants.append(Variant(OURS_QUANTIZED[quantization], _ours_runner(quantized, True), note, quantized))
     return variants
 
 

@@ -2,7 +2,7 @@
 
 transformers-static bench [MODEL_DIR | FILE.gguf | --arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
                           [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream]
-                          [--user-compiled] [--quantization int8] [--tp N]
+                          [--user-compiled] [--quantization int8|int4] [--tp N]
 transformers-static bench --prompt-lookup K [MODEL_DIR | --preset NAME] [--new-tokens N] [--repeats N] [--no-compile]
 """
 
@@ -59,7 +59,7 @@ def add_parser(commands: Any) -> None:
         action="store_true",
         help="add ours with the user's own torch.compile(model.forward, fullgraph=True, dynamic=False)",
     )
-    add_quantization_arg(parser, "add ours with int8 weight-only linear layers, generate(compile=True)")
+    add_quantization_arg(parser, "add ours with int8 or int4 weight-only linear layers, generate(compile=True)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument(
         "--tp",

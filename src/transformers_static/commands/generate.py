@@ -3,7 +3,7 @@
 transformers-static generate [MODEL_DIR | FILE.gguf | --preset NAME] (--prompt TEXT [--chat] | --input-ids 1,2,3)
                              [--max-new-tokens N] [--compile] [--sample --temperature T --top-k K --top-p P --seed S]
                              [--num-beams N] [--num-return-sequences N] [--prompt-lookup K | --assistant DIR]
-                             [--dtype D] [--quantization int8] [--compile-cache DIR]
+                             [--dtype D] [--quantization int8|int4] [--compile-cache DIR]
 
 Under `torchrun --nproc-per-node N -m transformers_static generate ...` the model is split over the N ranks
 (`tp_plan="auto"`); every rank generates the same tokens and only rank 0 prints.
@@ -101,7 +101,7 @@ def add_parser(commands: Any) -> None:
         help="with --assistant: drafts per verify forward (default: the assistant's generation config, else 20)",
     )
     add_device_args(parser, default_dtype="auto")
-    add_quantization_arg(parser, "int8: int8 weight-only linear layers (from_pretrained(..., quantization='int8'))")
+    add_quantization_arg(parser, "int8 / int4 weight-only linear layers (from_pretrained(..., quantization=...))")
     parser.set_defaults(handler=run, parser=parser)
 
 

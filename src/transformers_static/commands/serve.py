@@ -76,7 +76,7 @@ def add_parser(commands: Any) -> None:
         "--tp", action="store_true", help="under torchrun: the model split over the ranks, rank 0 serves HTTP"
     )
     add_device_args(parser, default_dtype="auto")
-    add_quantization_arg(parser, "int8: int8 weight-only linear layers")
+    add_quantization_arg(parser, "int8 / int4 weight-only linear layers")
     parser.set_defaults(handler=run, parser=parser)
 
 

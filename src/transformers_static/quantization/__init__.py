@@ -1,6 +1,7 @@
-"""Weight quantization: `from_pretrained(..., quantization="int8")`, and the format a quantized checkpoint is saved in.
+"""Weight quantization: `from_pretrained(..., quantization="int8" | "int4")`, and the format a quantized checkpoint is
+saved in.
 
-int8 weight-only (the one method): every linear layer of the model (`nn.Linear`, Falcon's `FalconLinear`, GPT-2's
+int8 weight-only: every linear layer of the model (`nn.Linear`, Falcon's `FalconLinear`, GPT-2's
 `Conv1D`), the LM head included, becomes an `Int8Linear` (per-output-channel symmetric int8 weights; activations,
 biases, norms and embeddings stay in the model dtype). A tied head gets its own int8 copy and the model is no longer
 tied (`tie_word_embeddings` becomes False). One layer stays in the model dtype on purpose, with a warning: Gemma2's
@@ -17,6 +18,14 @@ format needs no per-layer marker) and `<name>.weight_scale` (`[out]`, the model 
 `quantization_config = {"format": "transformers_static", "method": "int8", ...}`. The marker has no `quant_method`
 key on purpose: upstream transformers then refuses the checkpoint with a ValueError ("...has no `quant_method`
 attribute...") instead of loading int8 values as float weights.
+
+int4 weight-only (int4.py): group-wise asymmetric 4-bit weights (`Int4Linear`, gpt-fast's scheme, torch's CPU
+kernel, CPU only), on the same layers as int8 with the same policy (the head too, untied; Gemma2's soft-capped head
+kept), saved as `<name>.weight` (uint8 `[out, in / 2]`, plain nibbles), `<name>.weight_scale` and `<name>.weight_zero`
+(bfloat16 `[out, in / group_size]`), marked `{"format": "transformers_static", "method": "int4", "group_size": G,
+...}`. A layer the kernel cannot take (`out % 16 != 0`, or `in % group_size != 0`) stays in the model dtype with a
+warning naming it (the same rule, from the shapes and the marker's group size, when a saved int4 checkpoint loads).
+Stacked experts are refused: the kernel multiplies one 2D weight.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from torch import nn
 
 from ..configuration_utils import PretrainedConfig
 from ..linear_utils import DecodeLinear
+from .int4 import DEFAULT_GROUP_SIZE, Int4Linear, check_group_size, fits_int4
 from .int8 import Int8Linear, quantize_experts, quantize_weight
 
 if TYPE_CHECKING:
@@ -35,7 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATION_METHODS = ("int8",)
+QUANTIZATION_METHODS = ("int8", "int4")
 FORMAT = "transformers_static"
 MXFP4_REFUSAL = (
     "The checkpoint's experts are MXFP4-quantized (quant_method 'mxfp4': gpt-oss's published `*_blocks` / `*_scales` "
@@ -44,11 +54,25 @@ MXFP4_REFUSAL = (
     ", then `save_pretrained(new_path)`) and load the saved directory here"
 )
 
-__all__ = ["QUANTIZATION_METHODS", "Int8Linear", "checkpoint_quantization", "quantize_model", "quantize_weight"]
+__all__ = [
+    "QUANTIZATION_METHODS",
+    "Int4Linear",
+    "Int8Linear",
+    "checkpoint_quantization",
+    "quantize_model",
+    "quantize_weight",
+]
 
 
-def quantization_marker(method: str) -> dict[str, Any]:
+def quantization_marker(method: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, Any]:
     """What config.json's `quantization_config` holds for a model quantized here."""
+    if method == "int4":
+        scheme = (
+            "asymmetric, per group of group_size inputs: W ~= (q - 8) * scale + zero, q in [0, 15]; weight uint8 "
+            "[out, in / 2] (q[:, 2j] low nibble, q[:, 2j + 1] high), weight_scale and weight_zero bfloat16 "
+            "[out, in / group_size]"
+        )
+        return {"format": FORMAT, "method": method, "bits": 4, "group_size": group_size, "scheme": scheme}
     return {
         "format": FORMAT,
         "method": method,
@@ -75,6 +99,8 @@ def checkpoint_quantization(config: PretrainedConfig) -> str | None:
             f"The checkpoint is quantized with {method!r}, which transformers_static cannot load; it loads "
             f"float checkpoints and its own quantized ones ({', '.join(QUANTIZATION_METHODS)})"
         )
+    if marker["method"] == "int4":
+        check_group_size(marker.get("group_size"))
     return marker["method"]
 
 
@@ -94,22 +120,23 @@ def int8_layout(module: nn.Module) -> str | None:
     return getattr(type(module), "int8_layout", None)
 
 
-def quantize_model(model: PreTrainedModel, method: str = "int8", *, empty: bool = False) -> None:
-    """Replace every linear layer of `model` with an `Int8Linear`, in place, and mark its config.
+def quantize_model(
+    model: PreTrainedModel, method: str = "int8", *, empty: bool = False, group_size: int | None = None
+) -> None:
+    """Replace every linear layer of `model` with an `Int8Linear` (or an `Int4Linear`), in place, and mark its config.
 
-    `empty`: make the layers' structure only (zeros), for a quantized checkpoint to be loaded into. Gemma2's
-    soft-capped head stays in the model dtype (a warning says so); a linear layer of any other type is a ValueError,
-    raised before the model changes."""
+    `empty`: make the layers' structure only (zeros), for a quantized checkpoint to be loaded into (int4: with the
+    group size of the config's marker). `group_size`: int4's (default 32). Layers that stay in the model dtype
+    (Gemma2's soft-capped head; for int4, shapes its kernel cannot take) are named in a warning; a linear layer of any
+    other type, or int4 of stacked experts, is a ValueError raised before the model changes."""
     check_method(method)
-    unknown = sorted(
-        f"{name} ({type(module).__name__})"
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and int8_layout(module) is None
-    )
-    if unknown:
-        raise ValueError(
-            f"Cannot quantize to {method}: linear layer(s) of a type that declares no int8_layout: {unknown}"
-        )
+    if method == "int4":
+        marker = getattr(model.config, "quantization_config", None) if empty else None
+        group_size = marker["group_size"] if marker else group_size or DEFAULT_GROUP_SIZE
+        check_group_size(group_size)
+    elif group_size is not None:
+        raise ValueError(f"group_size is an int4 setting; {method} quantizes per output channel")
+    _check_quantizable(model, method)
     replaced, kept = [], []
     for name, module in list(model.named_modules()):
         layout = int8_layout(module)
@@ -119,18 +146,52 @@ def quantize_model(model: PreTrainedModel, method: str = "int8", *, empty: bool 
             quantize_experts(module, empty=empty)
         if layout not in ("out_in", "in_out"):
             continue
+        if method == "int4" and not fits_int4(module.out_features, module.in_features, group_size):
+            kept.append(name)
+            continue
         replaced.append(name)
-        if empty:
-            dtype, device = module.weight.dtype, module.weight.device
-            layer = Int8Linear(module.in_features, module.out_features, module.bias is not None, dtype, device)
-        else:
-            weight = module.weight.T if layout == "in_out" else module.weight  # [out, in]
-            layer = Int8Linear.from_weight(weight, module.bias)
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, layer)
+        setattr(model.get_submodule(parent_name), child, _quantized_layer(module, layout, method, empty, group_size))
     if kept:
-        logger.warning("int8: %s stay in the model dtype (a forward of their own around the product)", sorted(kept))
+        reason = "a forward of their own around the product"
+        if method == "int4":
+            reason += f", or a shape the int4 kernel cannot take (out % 16, in % group_size {group_size})"
+        logger.warning("%s: %s stay in the model dtype (%s)", method, sorted(kept), reason)
     config = model.config
     if any(f"{name}.weight" in model._tied_weights_keys for name in replaced):
-        config.tie_word_embeddings = False  # a tied head now holds its own int8 copy (a kept float one stays tied)
-    config.quantization_config = quantization_marker(method)
+        config.tie_word_embeddings = False  # a tied head now holds its own quantized copy (a kept one stays tied)
+    config.quantization_config = quantization_marker(method, group_size)
+
+
+def _check_quantizable(model: PreTrainedModel, method: str) -> None:
+    """A ValueError naming the linear layers of a type that declares no `int8_layout`, and for int4 stacked experts."""
+    unknown = sorted(
+        f"{name} ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and int8_layout(module) is None
+    )
+    if unknown:
+        raise ValueError(
+            f"Cannot quantize to {method}: linear layer(s) of a type that declares no int8_layout: {unknown}"
+        )
+    experts = sorted(name for name, module in model.named_modules() if int8_layout(module) == "experts")
+    if method == "int4" and experts:
+        raise ValueError(
+            f"Cannot quantize to int4: stacked experts {experts[:4]} (its kernel multiplies one 2D weight); use int8"
+        )
+
+
+def _quantized_layer(module: nn.Module, layout: str, method: str, empty: bool, group_size: int | None) -> nn.Module:
+    """The quantized replacement of a linear `module` whose weight is `[out, in]` ("out_in") or `[in, out]`."""
+    bias = module.bias is not None
+    if method == "int4":
+        if empty:
+            dtype, device = module.weight.dtype, module.weight.device
+            return Int4Linear(module.in_features, module.out_features, bias, dtype, device, group_size)
+        weight = module.weight.T if layout == "in_out" else module.weight  # [out, in]
+        return Int4Linear.from_weight(weight, module.bias, group_size)
+    if empty:
+        dtype, device = module.weight.dtype, module.weight.device
+        return Int8Linear(module.in_features, module.out_features, bias, dtype, device)
+    weight = module.weight.T if layout == "in_out" else module.weight  # [out, in]
+    return Int8Linear.from_weight(weight, module.bias)
