@@ -3,7 +3,9 @@
 `standardize_rope_parameters` / `compute_inv_freq` serve the single-table types (default, linear, llama3). LongRoPE
 (`rope_type="longrope"`) has two tables, chosen per forward by the sequence's length, and a cos/sin scale: its
 fields are standardised and checked by `standardize_longrope_parameters` / `validate_longrope_parameters`, and
-`longrope_inv_freqs` computes both tables and the scale (a model that supports it asks for it by name)."""
+`longrope_inv_freqs` computes both tables and the scale (a model that supports it asks for it by name).
+Proportional RoPE (`rope_type="proportional"`, Gemma 4's global layers) is asked for by name too
+(`proportional_inv_freq`): it rotates a share of the head at the full head's frequencies and leaves the rest."""
 
 from __future__ import annotations
 
@@ -64,6 +66,18 @@ def compute_inv_freq(rope_parameters: dict[str, Any], dim: int) -> torch.Tensor:
     elif rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, rope_parameters)
     return inv_freq
+
+
+def proportional_inv_freq(rope_parameters: dict[str, Any], head_dim: int) -> torch.Tensor:
+    """Proportional RoPE's inverse frequencies `[head_dim // 2]` (float32), as upstream computes them: the first
+    `int(partial_rotary_factor * head_dim // 2)` pairs get the frequencies of a full `head_dim` rotation (exponents
+    over `head_dim`, not over the rotated share), the other pairs frequency 0 (cos 1, sin 0: left as they are); all
+    divided by `factor` (default 1)."""
+    base = float(rope_parameters["rope_theta"])
+    rotated = int(rope_parameters.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    inv_freq = 1.0 / (base ** (torch.arange(0, 2 * rotated, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = torch.cat([inv_freq, torch.zeros(head_dim // 2 - rotated)]) if rotated < head_dim // 2 else inv_freq
+    return inv_freq / rope_parameters.get("factor", 1.0)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:

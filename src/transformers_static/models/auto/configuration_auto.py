@@ -16,6 +16,7 @@ CONFIG_MAPPING_NAMES = {
     "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config",
     "gemma3_text": "Gemma3TextConfig",
+    "gemma4_text": "Gemma4TextConfig",
     "gpt2": "GPT2Config",
     "gpt_neox": "GPTNeoXConfig",
     "gpt_oss": "GptOssConfig",
@@ -38,7 +39,7 @@ CONFIG_MAPPING_NAMES = {
 
 
 # model_types whose package is named otherwise (upstream's text-only models live in their family's package)
-MODEL_TYPE_TO_MODULE_NAME = {"gemma3_text": "gemma3", "qwen3_5_text": "qwen3_5"}
+MODEL_TYPE_TO_MODULE_NAME = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen3_5_text": "qwen3_5"}
 
 
 def model_module_name(model_type: str) -> str:
