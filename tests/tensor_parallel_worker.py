@@ -23,8 +23,8 @@ from torch import nn
 
 from tests.models.causal_lm_tester import count_graphs, generation_prompt
 from transformers_static import AutoModel, AutoModelForCausalLM
-from transformers_static.cache_utils import attention_shape
-from transformers_static.integrations.tensor_parallel import planned_modules
+from transformers_static.cache_utils import attention_shape, layer_kv_shapes
+from transformers_static.integrations.tensor_parallel import layer_index, planned_modules
 
 MAX_NEW_TOKENS = 6
 
@@ -143,11 +143,10 @@ def parameter_bytes(single: nn.Module, split: nn.Module) -> dict:
     """This rank's resident bytes; the whole model's; and what the documented bound counts as replicated in it:
     every parameter outside the plan's layers, row-parallel biases, projections holding key/value heads when there
     are fewer of them than ranks (each rank then holds a whole head), and one row of the head (its padded chunk)."""
-    _, kv_heads, _ = attention_shape(single.config)
-    kv_replicated = kv_heads < split.config._tp_size
     replicated = {id(p): p for p in single.parameters()}
     tied = set(single._tied_weights_keys) if single.config.tie_word_embeddings else set()
     for module_name, (module, style) in planned_modules(single).items():
+        kv_replicated = layer_kv_shape(single.config, module_name)[0] < split.config._tp_size
         if kv_replicated and style in ("colwise_kv", "colwise_qkv_groups"):
             continue
         for name, param in module.named_parameters():
@@ -166,17 +165,24 @@ def whole_projections(single: nn.Module, split: nn.Module) -> dict:
     in/out features and a weight: nn.Linear, GPT-2's Conv1D, FalconLinear) inside the decoder layers, and the LM head;
     and those of them this rank holds as large as one process does. Only a key/value projection of fewer heads than
     ranks is whole by design (each rank holds the head its queries read)."""
-    _, kv_heads, head_dim = attention_shape(single.config)
-    whole_kv_width = kv_heads * head_dim if kv_heads < split.config._tp_size else None
     on_rank = dict(split.named_modules())
     projections, whole = [], []
     for name, module in single.named_modules():
         linear = all(hasattr(module, attr) for attr in ("in_features", "out_features", "weight"))
         if linear and (module is single.lm_head or re.search(r"\.\d+\.", name)):
             projections.append(name)
-            if module.out_features != whole_kv_width and on_rank[name].weight.numel() >= module.weight.numel():
+            kv_heads, head_dim = layer_kv_shape(single.config, name)
+            whole_kv = kv_heads < split.config._tp_size and module.out_features == kv_heads * head_dim
+            if not whole_kv and on_rank[name].weight.numel() >= module.weight.numel():
                 whole.append(name)
     return {"projections": projections, "whole_projections": whole}
+
+
+def layer_kv_shape(config: Any, module_name: str) -> tuple[int, int]:
+    """(kv_heads, head_dim) of the layer a module belongs to (layers may differ: Gemma 4's global layers)."""
+    index = layer_index(module_name)
+    shape = layer_kv_shapes(config)[index] if index is not None else None
+    return shape if shape is not None else attention_shape(config)[1:]
 
 
 def refusal(spec: dict) -> str:

@@ -186,6 +186,31 @@ CHECKPOINTS: dict[str, Checkpoint] = {
         {},
     ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(SIZES, num_key_value_heads=2, pad_token_id=1), {}),
+    # global layers with their own head size and one key/value head (replicated), values from the key projection,
+    # the last layer reusing an earlier one's keys/values, per-layer inputs, experts (replicated)
+    "gemma4_text": (
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            SIZES,
+            num_hidden_layers=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            num_kv_shared_layers=1,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=99,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=32,
+        ),
+        {},
+    ),
     # gated delta-net layers replicated (their states whole on each rank), the attention layers split by heads
     "qwen3_5_text": (
         "Qwen3_5TextConfig",
@@ -211,6 +236,8 @@ WHOLE_ON_PURPOSE = {
     "qwen3_5_text": tuple(
         f"linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
     ),
+    # Gemma 4's router and per-layer input projections are replicated (small; upstream's plan leaves them too)
+    "gemma4_text": ("router.proj", "per_layer_input_gate", "per_layer_projection"),
 }
 # The checkpoints the workers run: all, or the comma-separated names in this variable (the mutation check narrows
 # them to the one its selected test reads); tests of the others are skipped, saying why.

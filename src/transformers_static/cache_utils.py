@@ -413,18 +413,19 @@ def ring_overflows(slots: int, window: int, q_len: int) -> bool:
 
 def kv_cache_shapes(config: PretrainedConfig) -> list[tuple[int, int] | None]:
     """Per layer, `(kv_heads, head_dim)` of its key/value slots (under tensor parallelism, this rank's kv heads),
-    or None for a layer without slots. A config whose layers differ says so with `kv_cache_shape(layer_idx)`;
-    otherwise every layer has `attention_shape`'s, except recurrent (`linear_attention`) layers, which have none."""
+    or None for a layer without slots (`layer_kv_shapes`)."""
+    return [None if shape is None else (len(config.tp_heads(shape[0])), shape[1]) for shape in layer_kv_shapes(config)]
+
+
+def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, int] | None]:
+    """Per layer, `(kv_heads, head_dim)` of its keys/values, or None for a layer that keeps none. A config whose
+    layers differ says so with `kv_cache_shape(layer_idx)`; otherwise every layer has `attention_shape`'s, except
+    recurrent (`linear_attention`) layers, which have none."""
+    if hasattr(config, "kv_cache_shape"):
+        return [config.kv_cache_shape(i) for i in range(config.num_hidden_layers)]
     _, kv_heads, head_dim = attention_shape(config)
-    layer_types = getattr(config, "layer_types", None) or []
-    shapes = []
-    for i in range(config.num_hidden_layers):
-        if hasattr(config, "kv_cache_shape"):
-            shape = config.kv_cache_shape(i)
-        else:
-            shape = None if i < len(layer_types) and layer_types[i] == LINEAR_ATTENTION else (kv_heads, head_dim)
-        shapes.append(None if shape is None else (len(config.tp_heads(shape[0])), shape[1]))
-    return shapes
+    layer_types = getattr(config, "layer_types", None) or [None] * config.num_hidden_layers
+    return [None if kind == LINEAR_ATTENTION else (kv_heads, head_dim) for kind in layer_types]
 
 
 @dataclasses.dataclass(frozen=True)

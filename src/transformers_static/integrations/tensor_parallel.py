@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from ..cache_utils import attention_shape
+from ..cache_utils import attention_shape, layer_kv_shapes
 from ..configuration_utils import PretrainedConfig
 
 if TYPE_CHECKING:
@@ -167,18 +167,19 @@ def _model_plan(model: PreTrainedModel) -> dict[str, str]:
 def check_shardable(config: PretrainedConfig, world_size: int) -> None:
     """Every rank must hold whole heads: query heads split evenly; key/value heads split evenly, or replicated
     when there are fewer than ranks (then ranks must share them evenly)."""
-    heads, kv_heads, _ = attention_shape(config)
+    heads, _, _ = attention_shape(config)
     if heads % world_size:
         divisors = [n for n in range(1, heads + 1) if heads % n == 0]
         raise ValueError(
             f"num_attention_heads ({heads}) is not divisible by the tensor-parallel world size ({world_size}): each "
             f"rank must hold whole heads; run on a world size that divides {heads}: {divisors}"
         )
-    if kv_heads % world_size and world_size % kv_heads:
-        raise ValueError(
-            f"num_key_value_heads ({kv_heads}) and the tensor-parallel world size ({world_size}): one must divide the "
-            "other (key/value heads are split across ranks, or replicated when there are fewer than ranks)"
-        )
+    for kv_heads in sorted({shape[0] for shape in layer_kv_shapes(config) if shape is not None}):
+        if kv_heads % world_size and world_size % kv_heads:
+            raise ValueError(
+                f"num_key_value_heads ({kv_heads}) and the tensor-parallel world size ({world_size}): one must divide "
+                "the other (key/value heads are split across ranks, or replicated when there are fewer than ranks)"
+            )
 
 
 # ---------------------------------------------------------------------- styles: what each rank holds
@@ -206,10 +207,22 @@ def _rowwise(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) ->
     return Split(inp=_even(module.in_features, tp))
 
 
-def _colwise_kv(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
-    _, kv_heads, head_dim = attention_shape(config)
+def _colwise_kv(
+    module: nn.Module, config: PretrainedConfig, tp: TensorParallel, layer_idx: int | None = None
+) -> Split:
+    """A key or value projection: this rank's key/value heads, of its layer's layout (layers may differ: Gemma 4's
+    global layers)."""
+    shapes = layer_kv_shapes(config)
+    shape = shapes[layer_idx] if layer_idx is not None else None
+    kv_heads, head_dim = shape if shape is not None else attention_shape(config)[1:]
     _check_width(module, kv_heads * head_dim, f"{kv_heads} key/value heads of {head_dim}")
     return Split(out=_head_spans(config.tp_heads(kv_heads), head_dim))
+
+
+def layer_index(name: str) -> int | None:
+    """The decoder layer a module belongs to, from its name (`model.layers.3.self_attn.k_proj` -> 3)."""
+    match = re.search(r"\.(?:layers|h)\.(\d+)\.", f".{name}")
+    return int(match.group(1)) if match else None
 
 
 def _colwise_qkv_blocks(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
@@ -312,6 +325,8 @@ def _split(
 ) -> Split | ParameterDims:
     """What this rank holds of `module` (every check done before any module changes)."""
     try:
+        if style == "colwise_kv":  # the one style whose layout may differ per layer
+            return _colwise_kv(module, config, tp, layer_index(name))
         return {**SPLITS, **MODULE_STYLES}[style](module, config, tp)
     except ValueError as err:
         raise ValueError(f"cannot split {name} ({style}): {err}") from None
