@@ -86,6 +86,14 @@ class Qwen3_5ParityTest(CausalLMParityTests, unittest.TestCase):
             with self.assertRaisesRegex(NotImplementedError, r"recurrent layers \[0, 2\]"):
                 model.generate(self.input_ids[:1], max_new_tokens=4, **kwargs)
 
+    def test_the_server_refuses_it_at_start(self) -> None:
+        """The server prefills one slot's row through `StaticCache.rows`, which recurrent states do not support yet:
+        refused when the engine is built, naming the layers."""
+        from transformers_static.serving.engine import Engine
+
+        with self.assertRaisesRegex(ValueError, r"does not support recurrent layers \(layers \[0, 2\]"):
+            Engine(self.models["sdpa"], max_batch=2, max_len=16, prefill_chunk=4)
+
     def test_int8_quantizes_the_delta_net_projections(self) -> None:
         """The gated delta-net's projections are linear layers like any other: int8 takes them, greedy tokens of
         the quantized model stay close (first tokens equal to fp32's on this tiny model)."""
