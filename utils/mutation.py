@@ -660,6 +660,14 @@ MUTANTS = (
         "    if _regions_on and torch.compiler.is_compiling() and False:",
         COMPILATION + "test_a_users_own_compile_of_the_forward_is_regional[llama]",
     ),
+    # --- Gemma 4 (issue 26)
+    mutant(
+        "gemma4-reuse-layers-attend-their-kind-s-first-layer",
+        "models/gemma4/modeling_gemma4.py",
+        '            if mode == "store":',
+        '            if mode != "reuse" and kind not in stored:',
+        "tests/models/gemma4/test_modeling_gemma4.py::Gemma4SharedParityTest::test_logits_match_upstream_eager_left_padding_2d",
+    ),
     # --- recurrent layers (issue 26)
     mutant(
         "delta-rule-step-keeps-the-state-at-a-start",
