@@ -121,6 +121,29 @@ def test_a_users_own_compile_of_the_forward_is_regional(arch: tuple[str, Path]) 
         assert len(calls) == model.config.num_hidden_layers
 
 
+def test_full_on_cpu_compiles_the_step_with_inductors_cpp_wrapper(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """compile="full" on CPU asks inductor for its C++ wrapper (the per-step Python glue between kernels gone); a real
+    inductor compile of a tiny Llama gives eager's tokens. "regional" cannot (no invoke_subgraph in the C++ wrapper)
+    and does not ask."""
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    ids, mask = left_padded(2, 7, 0)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None)
+    asked, real_compile = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: asked.append(k.get("options")) or real_compile(*a, **k))
+    compile_forward(model, "regional", backend="inductor")
+    torch._dynamo.reset()
+    try:
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None, compile="full")
+    finally:
+        torch._dynamo.reset()
+    assert asked == [None, {"cpp_wrapper": True}]
+    assert torch.equal(got, expected)
+
+
 def test_other_caches_run_the_plain_compiled_forward(arch: tuple[str, Path]) -> None:
     """The regional forward called with a DynamicCache (or none) is the plain compiled forward: same logits as
     eager, no region in the graph."""
