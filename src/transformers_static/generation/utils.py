@@ -412,6 +412,10 @@ class GenerationMixin:
         return cached[1]
 
     # ------------------------------------------------------------------ decode
+    def _check_candidate_decoding(self, max_new_tokens: int) -> None:
+        """A model whose decoding cannot take verify steps in this call refuses them here (after prefill); none
+        by default."""
+
     def _candidate_decode(
         self,
         session: _Session,
@@ -429,6 +433,7 @@ class GenerationMixin:
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """Decode one row with drafts (prompt lookup, or the `assistant`'s) checked in verify steps; `prompt`: the
         prompt's ids and mask `[1, prompt_len]` as given. Returns what `_decode` returns."""
+        self._check_candidate_decoding(max_new_tokens)
         name = "assistant_model" if assistant is not None else "prompt_lookup_num_tokens"
         check_processing(processing, name)
         width = verify_width(config)

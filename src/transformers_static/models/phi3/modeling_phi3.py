@@ -26,10 +26,8 @@ from .configuration_phi3 import Phi3Config, head_dim, rotary_ndims
 
 if TYPE_CHECKING:
     from ...cache_utils import StaticCache
-    from ...generation import GenerationMixin
     from ...generation.configuration_utils import GenerationConfig
-    from ...generation.logits_process import LogitsProcessing
-    from ...generation.utils import Streamer, _Session
+    from ...generation.utils import _Session
 
 
 # Copied from transformers_static.models.llama.modeling_llama.LlamaRMSNorm with Llama->Phi3
@@ -310,21 +308,7 @@ class Phi3ForCausalLM(CausalLMMixin, Phi3PreTrainedModel):
         with self._longrope_prompt(input_ids, attention_mask, None):
             return super()._prefill_dynamic(input_ids, attention_mask, max_new_tokens)
 
-    def _candidate_decode(
-        self,
-        session: _Session,
-        logits: torch.Tensor,
-        config: GenerationConfig,
-        processing: LogitsProcessing,
-        prompt: tuple[torch.Tensor, torch.Tensor],
-        max_new_tokens: int,
-        *,
-        assistant: GenerationMixin | None,
-        compile: bool | str,
-        generator: torch.Generator | None,
-        streamer: Streamer | None,
-        deadline: float | None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    def _check_candidate_decoding(self, max_new_tokens: int) -> None:
         """Prompt lookup and assisted decoding write several tokens per verify step, where the re-run at the switch
         cannot happen: refused when the sequence would cross it (upstream re-runs there; silently not is wrong)."""
         rerun = self._longrope_rerun
@@ -335,19 +319,6 @@ class Phi3ForCausalLM(CausalLMMixin, Phi3PreTrainedModel):
                 "runs it again on the long table, which a verify step cannot; decode without candidates, or keep "
                 "the prompt + max_new_tokens within it"
             )
-        return super()._candidate_decode(
-            session,
-            logits,
-            config,
-            processing,
-            prompt,
-            max_new_tokens,
-            assistant=assistant,
-            compile=compile,
-            generator=generator,
-            streamer=streamer,
-            deadline=deadline,
-        )
 
     def _decode_one_token(self, session: _Session, token: torch.Tensor) -> torch.Tensor:
         rerun = self._longrope_rerun
