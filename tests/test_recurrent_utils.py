@@ -83,16 +83,29 @@ def test_the_convolution_follows_the_tokens_fed_not_the_slots() -> None:
     slots = torch.tensor([0, 1, 2, 3, 4, 8, 9, 10, 11])
     mask = torch.zeros(1, 1, 9, 12, dtype=torch.bool)
     mask[0, 0, :, slots] = torch.ones(9, 9, dtype=torch.bool).tril()
-    visible, state_slots = fed_slots(mask[:, :, :5], slots[:5], None, width)
-    first, state = visible_conv(tokens[..., :5], None, weight, visible)
-    visible, state_slots = fed_slots(mask[:, :, 5:], slots[5:], state_slots, width)
-    second, _ = visible_conv(tokens[..., 5:], state, weight, visible)
+    visible, state_slots, kept = fed_slots(mask[:, :, :5], slots[:5], None, width)
+    first, state = visible_conv(tokens[..., :5], None, weight, visible, kept)
+    visible, state_slots, kept = fed_slots(mask[:, :, 5:], slots[5:], state_slots, width)
+    second, _ = visible_conv(tokens[..., 5:], state, weight, visible, kept)
     expected = F.conv1d(tokens, weight[:, None], padding=width - 1, groups=channels)[..., :9]
     torch.testing.assert_close(torch.cat([first, second], -1), expected, atol=1e-6, rtol=0)
     assert state_slots.tolist() == [[9, 10, 11]]
 
     mask[0, 0, 5:, slots[:5]] = False  # the tokens from slot 8 on form a second sequence
-    visible, _ = fed_slots(mask[:, :, 5:], slots[5:], torch.tensor([[2, 3, 4]]), width)
+    visible, _, kept = fed_slots(mask[:, :, 5:], slots[5:], torch.tensor([[2, 3, 4]]), width)
     assert visible[0, 0].tolist() == [True, False, False, False]
     separate = F.conv1d(tokens[..., 5:], weight[:, None], padding=width - 1, groups=channels)[..., :4]
-    torch.testing.assert_close(visible_conv(tokens[..., 5:], state * 0 + 7, weight, visible)[0], separate)
+    torch.testing.assert_close(visible_conv(tokens[..., 5:], state * 0 + 7, weight, visible, kept)[0], separate)
+
+
+def test_padding_after_the_last_token_is_not_kept_as_fed() -> None:
+    """A chunk padded after its real tokens (a server's last prefill chunk): the states keep the last real tokens'
+    slots and inputs, so the next forward's first token continues from them."""
+    width = 4
+    mask = torch.zeros(1, 1, 4, 8, dtype=torch.bool)
+    mask[0, 0, :2, :2] = torch.ones(2, 2, dtype=torch.bool).tril()  # tokens at slots 0, 1; pads at 2, 3
+    visible, kept_slots, kept = fed_slots(mask, torch.arange(4), None, width)
+    assert kept_slots.tolist() == [[-1, 0, 1]]
+    inputs = torch.arange(1.0, 5.0).reshape(1, 1, 4)
+    _, state = visible_conv(inputs, None, torch.ones(1, width), visible, kept)
+    assert state[0, 0, 1:].tolist() == [1.0, 2.0]  # the first entry is no token's (slot -1: never read)

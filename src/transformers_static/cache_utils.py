@@ -367,11 +367,6 @@ class StaticCacheRows(Cache):
                 f"StaticCache.rows needs full-length slots, but this cache keeps sliding-window rings "
                 f"(windows {cache.ring_windows})"
             )
-        if cache.layer_states:
-            raise ValueError(
-                f"StaticCache.rows does not support recurrent layers (layers {sorted(cache.layer_states)} keep "
-                "states, not slots)"
-            )
         if rows.dim() != 1 or rows.dtype != torch.long:
             raise ValueError(f"rows must be a 1D int64 tensor [batch], got {rows.dtype} {list(rows.shape)}")
         self.cache, self.rows = cache, rows
@@ -381,6 +376,15 @@ class StaticCacheRows(Cache):
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_position: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cache.layer(layer_idx).update_rows(key_states, value_states, cache_position, self.rows)
+
+    def states(self, layer_idx: int) -> dict[str, torch.Tensor]:
+        """The rows' states of a recurrent layer (copies: `index_select`)."""
+        return {name: state.index_select(0, self.rows) for name, state in self.cache.layer_states[layer_idx].items()}
+
+    def update_states(self, layer_idx: int, states: dict[str, torch.Tensor]) -> None:
+        held = self.cache.layer_states[layer_idx]
+        for name, state in states.items():
+            held[name].index_copy_(0, self.rows, state.to(held[name].dtype))
 
     def update_positions(self, position_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         slots = cache_position.expand_as(position_ids)  # [batch, q_len]

@@ -27,28 +27,39 @@ NO_SLOT = -1  # the slot of a tap before anything was fed
 
 def fed_slots(
     mask: torch.Tensor, cache_position: torch.Tensor, previous: torch.Tensor | None, width: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Which of the last `width` tokens fed each query token sees, `[batch, q_len, width]` (bool; entry j: the
-    token fed j before it, j = 0 the token itself), and the slots of the last `width - 1` tokens fed once this
-    forward is done, `[batch, width - 1]`. `previous` `[batch, width - 1]`: those of the previous forwards (None:
-    nothing fed); `mask` the layer's 4D mask; `cache_position` `[q_len]` or `[batch, q_len]`."""
+    token fed j before it, j = 0 the token itself); then what the states keep once this forward is done: the slots
+    of the last `width - 1` real tokens fed `[batch, width - 1]` (-1: none) and where they sit in the window of
+    `width - 1 + q_len` tokens (`kept`, for `visible_conv`), so padding after a row's last token (a server's chunk
+    padding) is not remembered as fed. `previous` `[batch, width - 1]`: the kept slots of the previous forwards
+    (None: nothing fed); `mask` the layer's 4D mask; `cache_position` `[q_len]` or `[batch, q_len]`."""
     batch, q_len = mask.shape[0], mask.shape[2]
     if previous is None:
         previous = cache_position.new_full((batch, width - 1), NO_SLOT)
     slots = torch.cat([previous, cache_position.expand(batch, q_len)], dim=-1)  # [batch, width - 1 + q_len]
     taps = slots.unfold(-1, width, 1).flip(-1)  # [batch, q_len, width]: entry j, the token fed j before
-    return visible_slots(mask, taps), slots[:, -(width - 1) :]
+    visible = visible_slots(mask, taps)
+    real = torch.cat([previous >= 0, visible[..., 0]], dim=-1)  # [batch, width - 1 + q_len]
+    order = torch.arange(1, slots.shape[-1] + 1, device=slots.device) * real  # later real tokens rank higher
+    kept = order.topk(width - 1, dim=-1).indices.flip(-1)  # [batch, width - 1], oldest first
+    kept_slots = slots.gather(-1, kept).masked_fill(~real.gather(-1, kept), NO_SLOT)
+    return visible, kept_slots, kept
 
 
 def visible_conv(
-    inputs: torch.Tensor, conv_state: torch.Tensor | None, weight: torch.Tensor, visible: torch.Tensor
+    inputs: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    weight: torch.Tensor,
+    visible: torch.Tensor,
+    kept: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A depthwise causal convolution over the tokens fed, reading only visible taps.
 
-    inputs `[batch, channels, q_len]`; conv_state `[batch, channels, width - 1]` (the inputs of the last tokens fed
-    before, None: zeros); weight `[channels, width]` (tap `width - 1` multiplies the token itself); visible
-    `[batch, q_len, width]` (`fed_slots`). Returns the outputs `[batch, channels, q_len]` (no bias, no activation)
-    and the new state, the last `width - 1` inputs."""
+    inputs `[batch, channels, q_len]`; conv_state `[batch, channels, width - 1]` (the inputs of the last real tokens
+    fed before, None: zeros); weight `[channels, width]` (tap `width - 1` multiplies the token itself); visible
+    `[batch, q_len, width]` and kept `[batch, width - 1]` from `fed_slots`. Returns the outputs
+    `[batch, channels, q_len]` (no bias, no activation) and the new state, the kept tokens' inputs."""
     batch, channels, q_len = inputs.shape
     width = weight.shape[-1]
     if conv_state is None:
@@ -57,7 +68,7 @@ def visible_conv(
     taps = window.unfold(-1, width, 1)  # [batch, channels, q_len, width], oldest tap first
     taps = taps * visible.flip(-1)[:, None].to(taps.dtype)
     outputs = (taps * weight[None, :, None, :].to(taps.dtype)).sum(-1)  # [batch, channels, q_len]
-    return outputs, window[..., -(width - 1) :]
+    return outputs, window.gather(-1, kept[:, None].expand(batch, channels, width - 1))
 
 
 def delta_rule_gates(

@@ -138,6 +138,9 @@ class Engine:
         self.cache = StaticCache(model.config, max_batch, capacity, model.dtype, device, prefill_chunk_size=capacity)
         self.prefill_view = self.cache.rows(torch.zeros(1, dtype=torch.long, device=device))
         self.padding = torch.ones(max_batch, capacity, dtype=torch.bool, device=device)  # [max_batch, slots]
+        # The spare slot is padding for every row: rows not decoding (idle, or mid-prefill) feed their decode-step
+        # token there, which then attends other keys but not itself, so a recurrent layer skips it as padding.
+        self.padding[:, self.scratch] = False
         self.slots: list[_Slot | None] = [None] * max_batch
         self.next_token = [0] * max_batch  # host copies of the decode step's per-row inputs
         self.cache_slot = [self.scratch] * max_batch
@@ -258,6 +261,7 @@ class Engine:
         self.slots[row] = _Slot(request, tokenizer_stream, padded, pad, padded_len // self.chunk, generator)
         self.padding[row, :pad] = False  # the padding slots are never attended
         self.padding[row, pad:] = True
+        self.padding[row, self.scratch] = False  # nor the spare slot (see _decode_step)
 
     def _prefill_chunk(self, row: int) -> None:
         """One chunk of row `row`'s prompt into its row; after the last, its first token."""
@@ -357,6 +361,7 @@ class Engine:
         self.slots[row] = None
         self.next_token[row], self.cache_slot[row], self.position[row] = 0, self.scratch, 0
         self.padding[row] = True  # an idle row attends its own stale keys: finite, ignored
+        self.padding[row, self.scratch] = False
 
 
 def _emit(request: Request, event: Event) -> None:

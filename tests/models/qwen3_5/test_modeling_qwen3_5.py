@@ -86,13 +86,36 @@ class Qwen3_5ParityTest(CausalLMParityTests, unittest.TestCase):
             with self.assertRaisesRegex(NotImplementedError, r"recurrent layers \[0, 2\]"):
                 model.generate(self.input_ids[:1], max_new_tokens=4, **kwargs)
 
-    def test_the_server_refuses_it_at_start(self) -> None:
-        """The server prefills one slot's row through `StaticCache.rows`, which recurrent states do not support yet:
-        refused when the engine is built, naming the layers."""
-        from transformers_static.serving.engine import Engine
+    def test_the_server_gives_generates_tokens(self) -> None:
+        """Concurrent requests on 2 slots (rows of one StaticCache at different lengths, each prefilled through
+        `StaticCache.rows`, decoded together with per-row cache positions): each gets generate's greedy tokens, so a
+        row's states never see another request's tokens, nor an idle row's."""
+        import queue
 
-        with self.assertRaisesRegex(ValueError, r"does not support recurrent layers \(layers \[0, 2\]"):
-            Engine(self.models["sdpa"], max_batch=2, max_len=16, prefill_chunk=4)
+        from transformers_static.serving import Engine, Request, SamplingParams
+
+        model = self.models["sdpa"]
+        prompts = [self.input_ids[i, : 3 + 2 * i].tolist() for i in range(3)] + [self.input_ids[0, 4:9].tolist()]
+        engine = Engine(model, max_batch=2, max_len=24, prefill_chunk=4, eos_token_ids=[]).start()
+        try:
+            streams = []
+            for prompt in prompts:
+                events: queue.Queue = queue.Queue()
+                engine.submit(Request(prompt, SamplingParams(5, 0.0), events.put))
+                streams.append(events)
+            served = []
+            for events in streams:
+                ids, finished = [], None
+                while finished is None:
+                    event = events.get(timeout=120)
+                    ids += event.token_ids
+                    finished = event.finish_reason
+                served.append(ids)
+        finally:
+            engine.stop()
+        for prompt, ids in zip(prompts, served, strict=True):
+            expected = model.generate(torch.tensor([prompt]), max_new_tokens=5, eos_token_id=None)[0, len(prompt) :]
+            self.assertEqual(ids, expected.tolist(), prompt)
 
     def test_int8_quantizes_the_delta_net_projections(self) -> None:
         """The gated delta-net's projections are linear layers like any other: int8 takes them, greedy tokens of

@@ -218,10 +218,10 @@ class Qwen3_5GatedDeltaNet(nn.Module):
             (None, None, None) if states is None else (states[name][:batch] for name in ("conv", "slots", "recurrent"))
         )
         # [batch, q_len, taps]: which of the tokens fed before each one it sees
-        visible, slots = fed_slots(attention_mask, cache_position, slots, self.conv_kernel_size)
+        visible, slots, kept = fed_slots(attention_mask, cache_position, slots, self.conv_kernel_size)
 
         mixed = self.in_proj_qkv(hidden_states).transpose(1, 2)  # [batch, conv_dim, q_len]
-        conv_out, conv_state = visible_conv(mixed, conv_state, self.conv1d.weight[:, 0], visible)
+        conv_out, conv_state = visible_conv(mixed, conv_state, self.conv1d.weight[:, 0], visible, kept)
         query, key, value = self.act(conv_out).transpose(1, 2).split([self.key_dim, self.key_dim, self.value_dim], -1)
         groups = self.num_v_heads // self.num_k_heads  # each query/key head serves `groups` value heads
         query, key = (
