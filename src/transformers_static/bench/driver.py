@@ -30,7 +30,7 @@ from torch._inductor.utils import fresh_cache
 from ..configuration_utils import PretrainedConfig
 from ..generation import GenerationConfig
 from ..models.auto import AutoConfig
-from . import report
+from . import llama_cpp, report
 from .measure import (
     PeakMemory,
     TimingStreamer,
@@ -39,7 +39,7 @@ from .measure import (
     load_average,
     memory_bandwidth_gbps,
 )
-from .presets import checkpoint_path, model_label
+from .presets import checkpoint_path, gguf_source, model_label
 from .progress import Progress
 from .runners import (
     OURS_EAGER,
@@ -55,12 +55,6 @@ from .runners import (
 )
 
 NEW_PROMPT_LEN_OFFSET = 5  # the second call's prompt is this much longer
-
-# llama.cpp's decode ms/token on the issue's 2-core host (`llama-bench -p 16 -n 64`, 2 threads), by model and
-# weight type: the bar a CPU user compares with. Keyed by (model_type, hidden_size, layers, vocab).
-LLAMA_CPP_MS_PER_TOKEN = {
-    ("llama", 576, 30, 49152): {"float32": 17.6, "bfloat16": 8.2, "int8": 6.8},  # SmolLM2-135M (F32, BF16, Q8_0)
-}
 
 
 @dataclass
@@ -78,6 +72,7 @@ class BenchOptions:
     seed: int = 0
     user_compiled: bool = False  # add ours with the user's own torch.compile(model.forward)
     quantization: str | None = None  # add ours quantized ("int8" or "int4"), compiled
+    llama_cpp: Path | None = None  # a llama.cpp build's binaries: its figures on this host (bench/llama_cpp.py)
 
 
 @dataclass
@@ -120,7 +115,7 @@ def run_benchmark(options: BenchOptions, progress: Progress | None = None) -> di
         config = AutoConfig.from_pretrained(path)
         for batch in options.batches:
             for prompt_len in options.prompt_lens:
-                scenario = Scenario(model_label(model), path, config, batch, prompt_len)
+                scenario = Scenario(model_label(model), path, config, batch, prompt_len, gguf_source(model))
                 results["scenarios"].append(run_scenario(scenario, options, bandwidth, bar))
     results["machine"]["load_average_at_end"] = load_average()
     options.out.mkdir(parents=True, exist_ok=True)
@@ -152,6 +147,7 @@ class Scenario:
     config: PretrainedConfig
     batch: int
     prompt_len: int
+    gguf: Path | None = None  # the GGUF the checkpoint comes from (what llama.cpp runs)
 
     @property
     def label(self) -> str:
@@ -179,8 +175,9 @@ def run_scenario(scenario: Scenario, options: BenchOptions, bandwidth: float, ba
     floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
     floors = {v.name: decode_weight_bytes(v.model) / (bandwidth * 1e9) * 1e3 for v in variants if v.model is not None}
     reference = _summarise(results, floor_ms, floors)
-    _compare_with_llama_cpp(results, scenario.config, options.dtype)
+    llama_cpp_figures = _compare_with_llama_cpp(results, scenario, options)
     return {
+        "llama_cpp_ms_per_token": llama_cpp_figures,
         "label": scenario.label,
         "model": scenario.model,
         "model_type": scenario.config.model_type,
@@ -305,15 +302,33 @@ def _summarise(results: dict[str, VariantResult], floor_ms: float, floors: dict[
     return name
 
 
-def _compare_with_llama_cpp(results: dict[str, VariantResult], config: PretrainedConfig, dtype: torch.dtype) -> None:
-    """Each variant's ms/token as a multiple of llama.cpp's for the same model and weight type, where known."""
-    key = (config.model_type, config.hidden_size, config.num_hidden_layers, config.vocab_size)
-    figures = LLAMA_CPP_MS_PER_TOKEN.get(key, {})
-    for result in results.values():
-        quantized = {name: method for method, name in OURS_QUANTIZED.items()}
-        weights = quantized.get(result.variant, str(dtype).removeprefix("torch."))
-        if result.available and weights in figures:
-            result.vs_llama_cpp = result.ms_per_token["median"] / figures[weights]
+def _compare_with_llama_cpp(
+    results: dict[str, VariantResult], scenario: Scenario, options: BenchOptions
+) -> dict[str, float]:
+    """With `--llama-cpp`, llama.cpp's decode ms/token on this host for the weight types of the run's variants (one
+    sequence: llama-bench decodes one), and each variant's ms/token as a multiple of its type's."""
+    if options.llama_cpp is None or scenario.gguf is None or scenario.batch != 1:
+        return {}
+    quantized = {name: method for method, name in OURS_QUANTIZED.items()}
+    weights = {
+        name: quantized.get(name, str(options.dtype).removeprefix("torch."))
+        for name, result in results.items()
+        if result.available and name.startswith("ours")
+    }
+    figures = llama_cpp.decode_ms_per_token(
+        options.llama_cpp,
+        scenario.gguf,
+        sorted(set(weights.values()) & set(llama_cpp.LLAMA_CPP_TYPES)),
+        prompt_len=scenario.prompt_len,
+        new_tokens=options.new_tokens,
+        repeats=options.repeats,
+        threads=torch.get_num_threads(),
+        workdir=options.out / "llama_cpp",
+    )
+    for name, weight in weights.items():
+        if weight in figures:
+            results[name].vs_llama_cpp = results[name].ms_per_token["median"] / figures[weight]
+    return figures
 
 
 def _header(options: BenchOptions, bandwidth: float) -> dict[str, Any]:

@@ -270,6 +270,16 @@ def checkpoint_path(model: str | os.PathLike) -> Path:
     return path
 
 
+def gguf_source(model: str | os.PathLike) -> Path | None:
+    """The GGUF file `model` comes from (a GGUF preset's, or the file given), None for a checkpoint or random
+    preset."""
+    if isinstance(model, str) and model in PRESETS:
+        preset = PRESETS[model]
+        return preset.gguf_path() if isinstance(preset, GGUFPreset) else None
+    path = Path(model).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
 def model_label(model: str | os.PathLike) -> str:
     """How tables name a model: a preset by its name, a checkpoint directory or GGUF file by its own name."""
     return model if isinstance(model, str) and model in PRESETS else Path(model).expanduser().name

@@ -100,6 +100,9 @@ def footnotes(results: dict[str, Any]) -> list[str]:
             f"({scenario['decode_weight_bytes'] / 1e6:.1f} MB of weights per step); tokens compared to "
             f"{scenario['reference']}"
         )
+        if figures := scenario.get("llama_cpp_ms_per_token"):
+            measured = ", ".join(f"{weight} {ms:.2f}" for weight, ms in sorted(figures.items()))
+            lines.append(f"{scenario['label']}: llama.cpp on this host (--llama-cpp), ms/token: {measured}")
     if results["versions"]["transformers"] is None:
         lines.append("upstream transformers is not installed: ours only (pip install 'transformers-static[bench]')")
     notes = {(r["variant"], r["note"]) for s in results["scenarios"] for r in s["results"] if r["note"]}

@@ -2,7 +2,7 @@
 
 transformers-static bench [MODEL_DIR | FILE.gguf | --arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
                           [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream]
-                          [--user-compiled] [--quantization int8|int4] [--tp N]
+                          [--user-compiled] [--quantization int8|int4] [--llama-cpp DIR] [--tp N]
 transformers-static bench --prompt-lookup K [MODEL_DIR | --preset NAME] [--new-tokens N] [--repeats N] [--no-compile]
 """
 
@@ -55,6 +55,14 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--no-compile", action="store_true", help="eager variants only (fast)")
     parser.add_argument("--no-upstream", action="store_true", help="ours only, even if transformers is installed")
     parser.add_argument(
+        "--llama-cpp",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a llama.cpp build's binaries (llama-bench, llama-quantize): its decode ms/token on this host, same "
+        "weights requantized per weight type, in a 'vs llama.cpp' column (GGUF models, batch 1)",
+    )
+    parser.add_argument(
         "--user-compiled",
         action="store_true",
         help="add ours with the user's own torch.compile(model.forward, fullgraph=True, dynamic=False)",
@@ -82,6 +90,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench import report
     from ..bench.driver import BenchOptions, run_benchmark, total_steps
+    from ..bench.llama_cpp import check_build
     from ..bench.presets import cache_root
     from ..bench.progress import Progress
     from ..bench.runners import upstream_version
@@ -111,7 +120,13 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         user_compiled=args.user_compiled,
         quantization=args.quantization,
+        llama_cpp=args.llama_cpp,
     )
+    if options.llama_cpp is not None:
+        try:
+            check_build(options.llama_cpp)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     if options.upstream and upstream_version() is None:
         print(f"{PROG}: upstream transformers is not installed: benchmarking ours only", file=sys.stderr)
     _warn_if_busy()
@@ -126,7 +141,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_tp_args(args: argparse.Namespace) -> None:
     """--tp runs its own comparison (ours in one process vs over the ranks): refuse what it would not honour."""
-    unused = {"--user-compiled": args.user_compiled, "--quantization": args.quantization, "--markdown": args.markdown}
+    unused = {
+        "--user-compiled": args.user_compiled,
+        "--quantization": args.quantization,
+        "--markdown": args.markdown,
+        "--llama-cpp": args.llama_cpp,
+    }
     given = [flag for flag, value in unused.items() if value]
     if given:
         raise UsageError(f"{', '.join(given)} cannot be combined with --tp (it compares ours eager and compiled only)")
