@@ -5,6 +5,8 @@ Compiled with backend="eager": what matters is how many graphs dynamo makes, wha
 
 from __future__ import annotations
 
+import copy
+import io
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,24 @@ def test_full_on_cpu_compiles_the_step_with_inductors_cpp_wrapper(
         torch._dynamo.reset()
     assert asked == [None, {"cpp_wrapper": True}]
     assert torch.equal(got, expected)
+
+
+def test_a_model_with_routed_layers_pickles_and_copies(tmp_path: Path) -> None:
+    """torch.save(model) and deepcopy still work (the routing is a partial and a region that pickles as a new one);
+    a copy gets a region of its own, and its layers route through it."""
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for other in (torch.load(buffer, weights_only=False), copy.deepcopy(model)):
+        layers = decoder_layers(other)
+        assert all(layer.forward.args == (layer,) for layer in layers)
+        assert len({id(layer._layer_region) for layer in layers}) == 1
+        assert layers[0]._layer_region is not decoder_layers(model)[0]._layer_region
+        ids = torch.randint(3, VOCAB, (1, 6))
+        assert torch.equal(other(ids).logits, model(ids).logits)
 
 
 def test_other_caches_run_the_plain_compiled_forward(arch: tuple[str, Path]) -> None:

@@ -21,8 +21,8 @@ slot; otherwise (eager, another cache, CUDA, whose CUDA graphs were checked on w
 from __future__ import annotations
 
 import dataclasses
-import types
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -90,19 +90,28 @@ def install_layer_regions(model: nn.Module) -> None:
         layers = decoder_layers(model)
     except ValueError:
         return
-    region = _layer_region()
+    region = LayerRegion()
     for layer in layers:
         layer._layer_region, layer._cache_index = region, cache_index(layer)
-        layer.forward = types.MethodType(_routed_forward, layer)  # a deep copy rebinds it to the copied layer
+        # a partial, not a bound method: pickled and deep-copied with the layer it names
+        layer.forward = functools.partial(_routed_forward, layer)
 
 
-def _layer_region() -> Callable[..., Any]:
-    """A fresh region function (dynamo bounds the bodies kept per function, so each model gets its own)."""
+class LayerRegion:
+    """A model's shared layer region: a fresh region function (dynamo bounds the bodies kept per function, so each
+    model gets its own). Pickled as a new one (compiled bodies are never saved)."""
 
-    def layer_region(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return type(layer).forward(layer, *args, **kwargs)
+    def __init__(self) -> None:
+        def layer_region(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return type(layer).forward(layer, *args, **kwargs)
 
-    return torch.compiler.nested_compile_region(layer_region)
+        self.region = torch.compiler.nested_compile_region(layer_region)
+
+    def __call__(self, layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return self.region(layer, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return LayerRegion, ()
 
 
 def _routed_forward(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
