@@ -42,8 +42,9 @@ class Gemma4TextConfig(PretrainedConfig):
 
     model_type = "gemma4_text"
     # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
-    # The query/key norms act on each head with one weight: replicated, like every module not listed. The model
-    # refuses tensor parallelism for what this plan cannot split (experts, shared or k=v layers; see the model).
+    # The query/key norms act on each head with one weight: replicated, like every module not listed (the router,
+    # the experts and the per-layer input projections too). k/v projections split by their own layer's layout
+    # (global layers: `global_head_dim`, `num_global_key_value_heads`; one head fewer than ranks is replicated).
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise_kv",
