@@ -121,10 +121,12 @@ def test_bench_refuses_an_unwritable_out_before_running(capsys: pytest.CaptureFi
 def test_bench_added_variants_need_compile(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "bench", "--no-compile", "--quantization", "int8")
     assert code == 2
-    assert "--user-compiled and --quantization add compiled variants: drop --no-compile" in err
+    assert "--user-compiled, --max-autotune and --quantization add compiled variants: drop --no-compile" in err
 
 
-@pytest.mark.parametrize("option", [["--user-compiled"], ["--quantization", "int8"], ["--markdown"]])
+@pytest.mark.parametrize(
+    "option", [["--user-compiled"], ["--max-autotune"], ["--quantization", "int8"], ["--markdown"]]
+)
 def test_bench_tp_refuses_what_it_would_ignore(capsys: pytest.CaptureFixture[str], option: list[str]) -> None:
     code, out, err = run_cli(capsys, "bench", "--tp", "2", *option)
     assert code == 2 and not out

@@ -20,7 +20,7 @@ from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausa
 from transformers_static.attention_utils import attention_forward
 from transformers_static.cache_utils import DynamicCache
 from transformers_static.compile_regions import decoder_layers, default_strategy
-from transformers_static.generation.compilation import compile_forward
+from transformers_static.generation.compilation import CPU_MAX_AUTOTUNE, FrozenWeights, compile_forward
 
 from .models.causal_lm_tester import count_graphs
 
@@ -144,6 +144,77 @@ def test_full_on_cpu_compiles_the_step_with_inductors_cpp_wrapper(
         torch._dynamo.reset()
     assert asked == [None, {"cpp_wrapper": True}]
     assert torch.equal(got, expected)
+
+
+def _products(graph: torch.fx.GraphModule) -> tuple[int, int]:
+    """(matrix products, float reductions) in a traced graph."""
+    linear = sum(node.target in (torch._C._nn.linear, torch.nn.functional.linear) for node in graph.graph.nodes)
+    reductions = sum(node.target in ("sum", torch.sum) for node in graph.graph.nodes)
+    return linear, reductions
+
+
+def test_max_autotune_keeps_the_decode_products_matrix_multiplications(tmp_path: Path) -> None:
+    """compile="max-autotune" leaves the one-row float products as `linear` (inductor's GEMM templates need them), where
+    "full" writes them as reductions; both trace the whole step (no regions)."""
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    products = 7 * model.config.num_hidden_layers + 1  # q, k, v, o, gate, up, down per layer; the head
+    for strategy, expected in (("max-autotune", (products, 0)), ("full", (0, products))):
+        torch._dynamo.reset()
+        backend = EagerAndRecordGraphs()
+        model._compiled_forwards = {strategy: compile_forward(model, strategy, backend=backend)}
+        try:
+            model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, eos_token_id=None, compile=strategy)
+        finally:
+            torch._dynamo.reset()
+        decode = backend.graphs[-1]
+        assert not any(node.target is torch.ops.higher_order.invoke_subgraph for node in decode.graph.nodes)
+        linear, reductions = _products(decode)
+        assert (linear, reductions >= expected[1]) == (expected[0], True), strategy
+
+
+def test_max_autotune_on_cpu_freezes_the_weights_and_refuses_a_change(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A real inductor compile with freezing and max-autotune of a tiny Llama gives eager's tokens (the frozen graph
+    still writes the cache); a weight changed afterwards (in place, or replaced) raises instead of being ignored;
+    another model of the class gets a frozen graph of its own weights."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**CONFIGS["llama"].to_dict(), "num_hidden_layers": 1})
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    torch.manual_seed(1)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "other")
+    other = AutoModelForCausalLM.from_pretrained(tmp_path / "other")
+    ids, mask = left_padded(2, 7, 0)
+    expected = [m.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None) for m in (model, other)]
+    asked, real_compile = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: asked.append(k.get("options")) or real_compile(*a, **k))
+    assert CPU_MAX_AUTOTUNE["freezing"] and CPU_MAX_AUTOTUNE["max_autotune"]
+    monkeypatch.setitem(CPU_MAX_AUTOTUNE, "max_autotune", False)  # the search is inductor's, and slow: frozen only
+    torch._dynamo.reset()
+    try:
+        # each model of the class gets its own frozen graph and its own tokens
+        for m, tokens in zip((model, other), expected, strict=True):
+            got = m.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None, compile="max-autotune")
+            assert torch.equal(got, tokens)
+        assert asked == [CPU_MAX_AUTOTUNE] * 2
+        with torch.no_grad():
+            model.lm_head.weight.neg_()
+        fresh = model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None)
+        assert not torch.equal(fresh, expected[0])
+        with pytest.raises(RuntimeError, match=r"'lm_head.weight' \(\[64, 32\]\) changed"):
+            model.generate(ids, attention_mask=mask, max_new_tokens=2, compile="max-autotune")
+        other.model.norm.weight = torch.nn.Parameter(other.model.norm.weight.clone())
+        with pytest.raises(RuntimeError, match="'model.norm.weight'"):
+            other.generate(ids, attention_mask=mask, max_new_tokens=2, compile="max-autotune")
+        # why it raises: the weights are constants of the graph, which would go on computing with the old ones
+        monkeypatch.setattr(FrozenWeights, "check", lambda self: None)
+        stale = model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None, compile="max-autotune")
+        assert not torch.equal(stale, fresh)
+    finally:
+        torch._dynamo.reset()
 
 
 def test_a_model_with_routed_layers_pickles_and_copies(tmp_path: Path) -> None:

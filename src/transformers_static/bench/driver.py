@@ -71,6 +71,7 @@ class BenchOptions:
     out: Path = Path("bench_results")
     seed: int = 0
     user_compiled: bool = False  # add ours with the user's own torch.compile(model.forward)
+    max_autotune: bool = False  # add ours with generate(compile="max-autotune")
     quantization: str | None = None  # add ours quantized ("int8" or "int4"), compiled
     llama_cpp: Path | None = None  # a llama.cpp build's binaries: its figures on this host (bench/llama_cpp.py)
 
@@ -135,7 +136,7 @@ def total_steps(options: BenchOptions) -> int:
     """Progress-bar length: every generate call of the run."""
     variants = 2 * (1 + options.compile) if options.upstream else 1 + options.compile
     if options.compile:
-        variants += options.user_compiled + (options.quantization is not None)
+        variants += options.user_compiled + options.max_autotune + (options.quantization is not None)
     scenarios = len(options.models) * len(options.batches) * len(options.prompt_lens)
     return scenarios * variants * (2 + options.repeats)
 
@@ -199,6 +200,7 @@ def _variants(ours: torch.nn.Module, scenario: Scenario, options: BenchOptions) 
         ours,
         compile=options.compile,
         user_compiled=options.user_compiled,
+        max_autotune=options.max_autotune,
         quantization=options.quantization,
         load=load,
     )
@@ -357,6 +359,7 @@ def _header(options: BenchOptions, bandwidth: float) -> dict[str, Any]:
             "upstream": options.upstream,
             "dtype": str(options.dtype).removeprefix("torch."),
             "user_compiled": options.user_compiled,
+            "max_autotune": options.max_autotune,
             "quantization": options.quantization,
         },
         "scenarios": [],

@@ -172,6 +172,7 @@ _COLORS = {
     "ours-eager": "#8fbce6",
     "ours-compiled": "#1f5fa8",
     "ours-user-compiled": "#5a8fc9",
+    "ours-max-autotune": "#0b3a6e",
     "ours-int8-compiled": "#2e9e5b",
     "ours-int4-compiled": "#7cc48f",
 }

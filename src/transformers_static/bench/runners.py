@@ -1,9 +1,10 @@
 """The ways a benchmark scenario generates: ours and upstream transformers, each eager and compiled, and on request
-ours with the user's own compiled forward and ours with int8 weights.
+ours with the user's own compiled forward, ours compiled with max-autotune and ours with int8 / int4 weights.
 
 Every runner is `run(input_ids, max_new_tokens, streamer) -> sequences`, greedy, with EOS disabled so every run
 makes exactly `max_new_tokens` tokens. Ours compiled is `generate(..., compile=True)`; ours user-compiled is
-`model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False)` then `generate(...)`; ours int8 is
+`model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False)` then `generate(...)`; ours max-autotune
+is `generate(..., compile="max-autotune")` on a model of its own (its weights are frozen into the graph); ours int8 is
 `from_pretrained(..., quantization="int8")` then `generate(..., compile=True)`. Upstream compiled is its static
 cache of a fixed `max_cache_len` with a `CompileConfig` (the way its documentation says), which on a device other
 than CUDA/XPU only compiles when the config's `_compile_all_devices` flag is set.
@@ -25,6 +26,7 @@ Runner = Callable[[torch.Tensor, int, Any], torch.Tensor]
 
 OURS_EAGER, OURS_COMPILED = "ours-eager", "ours-compiled"
 OURS_USER_COMPILED = "ours-user-compiled"
+OURS_MAX_AUTOTUNE = "ours-max-autotune"
 OURS_INT8_COMPILED, OURS_INT4_COMPILED = "ours-int8-compiled", "ours-int4-compiled"
 OURS_QUANTIZED = {"int8": OURS_INT8_COMPILED, "int4": OURS_INT4_COMPILED}
 UPSTREAM_EAGER, UPSTREAM_COMPILED = "upstream-eager", "upstream-compiled"
@@ -34,6 +36,7 @@ VARIANTS = (
     OURS_EAGER,
     OURS_COMPILED,
     OURS_USER_COMPILED,
+    OURS_MAX_AUTOTUNE,
     OURS_INT8_COMPILED,
     OURS_INT4_COMPILED,
 )
@@ -74,12 +77,14 @@ def ours_variants(
     *,
     compile: bool,
     user_compiled: bool = False,
+    max_autotune: bool = False,
     quantization: str | None = None,
     load: Callable[..., torch.nn.Module] | None = None,
 ) -> list[Variant]:
     """Ours eager (`generate`) and compiled (`generate(..., compile=True)`), on the static path (the default); with
-    `user_compiled` and `quantization` (which need `compile`), ours with its forward compiled by the user and ours
-    quantized, each a model of its own made by `load(quantization=...)`."""
+    `user_compiled`, `max_autotune` and `quantization` (which need `compile`), ours with its forward compiled by the
+    user, ours with `compile="max-autotune"` and ours quantized, each a model of its own made by
+    `load(quantization=...)`."""
     variants = [Variant(OURS_EAGER, _ours_runner(model, False), "static cache")]
     if not compile:
         return variants
@@ -89,6 +94,10 @@ def ours_variants(
         own.forward = torch.compile(own.forward, fullgraph=True, dynamic=False)
         note = "model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False)"
         variants.append(Variant(OURS_USER_COMPILED, _ours_runner(own, False), note, own))
+    if max_autotune:
+        frozen = load(quantization=None)
+        note = 'generate(compile="max-autotune"): weights frozen into the graph, GEMM kernels autotuned'
+        variants.append(Variant(OURS_MAX_AUTOTUNE, _ours_runner(frozen, "max-autotune"), note, frozen))
     if quantization is not None:
         quantized = load(quantization=quantization)
         note = f"from_pretrained(quantization={quantization!r}), generate(compile=True); tokens may differ"
@@ -96,7 +105,7 @@ def ours_variants(
     return variants
 
 
-def _ours_runner(model: Any, compiled: bool) -> Runner:
+def _ours_runner(model: Any, compiled: bool | str) -> Runner:
     def run(input_ids: torch.Tensor, max_new_tokens: int, streamer: Any) -> torch.Tensor:
         return model.generate(
             input_ids, max_new_tokens=max_new_tokens, eos_token_id=None, streamer=streamer, compile=compiled

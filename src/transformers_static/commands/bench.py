@@ -2,7 +2,7 @@
 
 transformers-static bench [MODEL_DIR | FILE.gguf | --arch ARCH | --preset NAME[,NAME]] [--batch 1,4] [--prompt-len 16,128]
                           [--new-tokens N] [--repeats N] [--out DIR] [--no-compile] [--no-upstream]
-                          [--user-compiled] [--quantization int8|int4] [--llama-cpp DIR] [--tp N]
+                          [--user-compiled] [--max-autotune] [--quantization int8|int4] [--llama-cpp DIR] [--tp N]
 transformers-static bench --prompt-lookup K [MODEL_DIR | --preset NAME] [--new-tokens N] [--repeats N] [--no-compile]
 """
 
@@ -67,6 +67,12 @@ def add_parser(commands: Any) -> None:
         action="store_true",
         help="add ours with the user's own torch.compile(model.forward, fullgraph=True, dynamic=False)",
     )
+    parser.add_argument(
+        "--max-autotune",
+        action="store_true",
+        help='add ours with generate(compile="max-autotune"): weights frozen into the graph, GEMM kernels autotuned '
+        "(a first call of minutes)",
+    )
     add_quantization_arg(parser, "add ours with int8 or int4 weight-only linear layers, generate(compile=True)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument(
@@ -97,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.new_tokens < 2:
         raise UsageError("argument --new-tokens: must be >= 2 (decode time is measured between new tokens)")
-    if args.no_compile and (args.user_compiled or args.quantization):
-        raise UsageError("--user-compiled and --quantization add compiled variants: drop --no-compile")
+    if args.no_compile and (args.user_compiled or args.max_autotune or args.quantization):
+        raise UsageError("--user-compiled, --max-autotune and --quantization add compiled variants: drop --no-compile")
     if args.tp is not None:
         _check_tp_args(args)
     if args.prompt_lookup is not None:
@@ -119,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         out=out,
         seed=args.seed,
         user_compiled=args.user_compiled,
+        max_autotune=args.max_autotune,
         quantization=args.quantization,
         llama_cpp=args.llama_cpp,
     )
@@ -143,6 +150,7 @@ def _check_tp_args(args: argparse.Namespace) -> None:
     """--tp runs its own comparison (ours in one process vs over the ranks): refuse what it would not honour."""
     unused = {
         "--user-compiled": args.user_compiled,
+        "--max-autotune": args.max_autotune,
         "--quantization": args.quantization,
         "--markdown": args.markdown,
         "--llama-cpp": args.llama_cpp,
@@ -170,6 +178,7 @@ def _run_prompt_lookup(args: argparse.Namespace) -> int:
     from ..bench.presets import DEFAULT_PRESET, cache_root, preset_path
 
     other = {"--tp": args.tp, "--user-compiled": args.user_compiled, "--quantization": args.quantization}
+    other["--max-autotune"] = args.max_autotune
     other["--arch"] = args.arch
     if given := [flag for flag, value in other.items() if value]:
         raise UsageError(f"{', '.join(given)} cannot be combined with --prompt-lookup")

@@ -1,40 +1,95 @@
 """How `generate(compile=...)` compiles the decode step: with the decoder layers compiled once as a shared region
-of the step's graph ("regional", compile_regions: what any compile of the forward gets), or with every layer traced
-inline ("full")."""
+of the step's graph ("regional", compile_regions: what any compile of the forward gets), with every layer traced
+inline ("full"), or inline with the weights frozen into the graph and the GEMM kernels autotuned ("max-autotune")."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..compile_regions import default_strategy, whole_graph
+from ..linear_utils import gemm_templates
 
 COMPILE_OPTIONS = {"fullgraph": True, "dynamic": False}
-STRATEGIES = ("full", "regional")
+STRATEGIES = ("full", "regional", "max-autotune")
 __all__ = ["COMPILE_OPTIONS", "STRATEGIES", "compile_forward", "default_strategy"]
+
+# "max-autotune" on CPU: the whole step with its weights as constants (inductor's freezing), so that max-autotune
+# can pick, per product shape and host, between aten's GEMM and inductor's C++ GEMM template on weights packed once
+# for its register-blocked kernel (SmolLM2 fp32 at 8 rows: 86 -> 55 ms/step here; the first call autotunes, ~2 min).
+CPU_MAX_AUTOTUNE = {
+    "cpp_wrapper": True,
+    "freezing": True,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+}
 
 
 def compile_forward(model: nn.Module, strategy: str, backend: str | Callable = "inductor") -> Callable[..., Any]:
     """`model.forward` compiled as one graph with `fullgraph=True, dynamic=False` (CUDA graphs through
-    `mode="reduce-overhead"` on CUDA); "regional" compiles its decoder layers once (compile_regions; off the GPU),
-    "full" traces them all (on CPU with inductor's C++ wrapper: a slower first call, faster steps)."""
+    `mode="reduce-overhead"` / `"max-autotune"` on CUDA); "regional" compiles its decoder layers once
+    (compile_regions; off the GPU), "full" traces them all (on CPU with inductor's C++ wrapper: a slower first
+    call, faster steps), "max-autotune" also autotunes the products (on CPU over weights frozen at the first call:
+    a copy of them is kept in the graph, and changing the model's weights afterwards raises)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown compile strategy {strategy!r}; expected True, False or one of {list(STRATEGIES)}")
     cuda = model.device.type == "cuda"
-    mode = "reduce-overhead" if cuda else None
-    # The whole step's graph on CPU gets inductor's C++ wrapper: the per-step Python glue between kernels goes
-    # (SmolLM2 fp32: 24.3 -> 20.9 ms/token). Not for regions: torch 2.13's C++ wrapper cannot call invoke_subgraph.
-    cpp_wrapper = strategy == "full" and not cuda and backend == "inductor"
-    options = {"options": {"cpp_wrapper": True}} if cpp_wrapper else {}
-    compiled = torch.compile(model.forward, mode=mode, backend=backend, **COMPILE_OPTIONS, **options)
+    inductor_cpu = not cuda and backend == "inductor"
+    mode = ("max-autotune" if strategy == "max-autotune" else "reduce-overhead") if cuda else None
+    options: dict[str, Any] = {}
+    if strategy == "max-autotune" and inductor_cpu:
+        options = dict(CPU_MAX_AUTOTUNE)
+    elif strategy == "full" and inductor_cpu:
+        # The whole step's graph on CPU gets inductor's C++ wrapper: the per-step Python glue between kernels goes
+        # (SmolLM2 fp32: 24.3 -> 20.9 ms/token). Not for regions: torch 2.13's C++ wrapper cannot call invoke_subgraph.
+        options = {"cpp_wrapper": True}
+    compiled = torch.compile(
+        model.forward, mode=mode, backend=backend, **COMPILE_OPTIONS, **({"options": options} if options else {})
+    )
     if strategy == "regional" and not cuda:
         return compiled
+    frozen = FrozenWeights(model) if options.get("freezing") else None
 
     def whole(*args: Any, **kwargs: Any) -> Any:
-        with whole_graph():
+        if frozen is not None:
+            frozen.check()
+        with ExitStack() as stack:
+            stack.enter_context(whole_graph())
+            if frozen is not None:
+                # also while dynamo traces: it then guards on each parameter's identity, so another model of this
+                # class (or a replaced parameter) compiles its own frozen graph instead of running this one's weights
+                stack.enter_context(torch._inductor.config.patch(freezing=True))
+            if strategy == "max-autotune":
+                stack.enter_context(gemm_templates())
             return compiled(*args, **kwargs)
 
     return whole
+
+
+class FrozenWeights:
+    """The model's parameters and buffers as a frozen graph captured them: `check()` (~40 us for SmolLM2's 274)
+    raises where one was changed in place (its version counter moved) or replaced since (the graph would silently
+    keep the old values)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        # (owner's parameter or buffer dict, name, tensor, its version, qualified name)
+        self.entries = [
+            (table, name, tensor, tensor._version, f"{prefix}.{name}" if prefix else name)
+            for prefix, module in model.named_modules()
+            for table in (module._parameters, module._buffers)
+            for name, tensor in table.items()
+            if tensor is not None
+        ]
+
+    def check(self) -> None:
+        for table, name, tensor, version, qualified in self.entries:
+            if table.get(name) is not tensor or tensor._version != version:
+                raise RuntimeError(
+                    f"the model's weight {qualified!r} ({list(tensor.shape)}) changed after compile='max-autotune' froze "
+                    "the weights into its compiled graph, which would keep computing with the old values; load the "
+                    "model again (or use compile='full' / 'regional', which read the weights at every call)"
+                )

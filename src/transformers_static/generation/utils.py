@@ -127,13 +127,14 @@ class GenerationMixin:
 
         `generation_config` (ours, upstream's `transformers.GenerationConfig`, or a dict) and kwargs override the
         model's `generation_config`, as upstream layers them; a value asking for what this library does not do
-        (contrastive search, assisted decoding, ...) raises NotImplementedError. Right padding is moved to the left
-        (the returned prompt is left-padded). `generator` seeds sampling; `past_key_values` supplies a StaticCache to fill;
-        `tokenizer` decodes for `stop_strings`; `assistant_model` (a smaller model of this library with the same
-        vocabulary) drafts tokens that this model verifies (see `generation.assisted_decoding`); `compile=True` (or "full" / "regional") runs the decode steps through a
-        forward compiled once for the device (`compiled_forward`; the prefill runs eager, as upstream's compiled
-        generation does; logits processing runs eager, and is compile-ready). Returns
-        `[batch, prompt_len + new]` token ids, or a GenerateDecoderOnlyOutput when `return_dict_in_generate`.
+        (contrastive search, DoLa, ...) raises NotImplementedError. Right padding is moved to the left
+        (the returned prompt is left-padded). `generator` seeds sampling; `past_key_values` supplies a StaticCache to
+        fill; `tokenizer` decodes for `stop_strings`; `assistant_model` (a smaller model of this library with the same
+        vocabulary) drafts tokens that this model verifies (see `generation.assisted_decoding`); `compile=True` (or
+        "full" / "regional" / "max-autotune") runs the decode steps through a forward compiled once for the device
+        (`compiled_forward`; the prefill runs eager, as upstream's compiled generation does; logits processing runs
+        eager, and is compile-ready). Returns `[batch, prompt_len + new]` token ids, or a GenerateDecoderOnlyOutput when
+        `return_dict_in_generate`.
         """
         config, default_max_length, default_min_length = self._generation_config(generation_config, kwargs)
         if compile and config.disable_compile:
@@ -234,8 +235,9 @@ class GenerationMixin:
         """This model's forward compiled once for its device (kept on the model; see `generation.compilation`).
 
         `strategy`: "full" (the whole forward as one graph), "regional" (one shared compiled body for the decoder
-        layers, one for the LM head; a fraction of the compile time) or True: the device's default, full with CUDA
-        graphs (`mode="reduce-overhead"`) on CUDA, regional elsewhere."""
+        layers, one for the LM head; a fraction of the compile time), "max-autotune" (full, its weights frozen in and
+        its GEMM kernels autotuned) or True: the device's default, full with CUDA graphs (`mode="reduce-overhead"`)
+        on CUDA, regional elsewhere."""
         strategy = default_strategy(self.device) if strategy is True else strategy
         if getattr(self, "_compiled_forwards", None) is None:
             self._compiled_forwards: dict[str, Callable[..., Any]] = {}
