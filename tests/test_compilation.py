@@ -217,6 +217,35 @@ def test_max_autotune_on_cpu_freezes_the_weights_and_refuses_a_change(
         torch._dynamo.reset()
 
 
+def test_a_generate_call_checks_the_guards_at_its_first_step_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Compiled one-token steps: the first of each generate call evaluates dynamo's guards in full, the later ones
+    only those that tell cached graphs apart; a second call (another batch, a new graph) starts with a full check
+    again, and its tokens equal eager's."""
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    calls = [left_padded(1, 5, 0), left_padded(3, 6, 1)]
+    expected = [model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None) for ids, mask in calls]
+    skipped: list[bool] = []
+    compiled = compile_forward(model, "regional", backend="eager")
+
+    def forward(*args: object, **kwargs: object) -> object:
+        skipped.append(torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe)
+        return compiled(*args, **kwargs)
+
+    model._compiled_forwards = {"regional": forward}
+    torch._dynamo.reset()
+    try:
+        for (ids, mask), tokens in zip(calls, expected, strict=True):
+            got = model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None, compile="regional")
+            assert torch.equal(got, tokens)
+    finally:
+        torch._dynamo.reset()
+    assert skipped == [False, True, True] * 2
+
+
 def test_a_model_with_routed_layers_pickles_and_copies(tmp_path: Path) -> None:
     """torch.save(model) and deepcopy still work (the routing is a partial and a region that pickles as a new one);
     a copy gets a region of its own, and its layers route through it."""

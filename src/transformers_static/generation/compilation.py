@@ -16,7 +16,7 @@ from ..linear_utils import gemm_templates
 
 COMPILE_OPTIONS = {"fullgraph": True, "dynamic": False}
 STRATEGIES = ("full", "regional", "max-autotune")
-__all__ = ["COMPILE_OPTIONS", "STRATEGIES", "compile_forward", "default_strategy"]
+__all__ = ["COMPILE_OPTIONS", "STRATEGIES", "GuardsCheckedOnce", "compile_forward", "default_strategy"]
 
 # "max-autotune" on CPU: the whole step with its weights as constants (inductor's freezing), so that max-autotune
 # can pick, per product shape and host, between aten's GEMM and inductor's C++ GEMM template on weights packed once
@@ -93,3 +93,25 @@ class FrozenWeights:
                     "the weights into its compiled graph, which would keep computing with the old values; load the "
                     "model again (or use compile='full' / 'regional', which read the weights at every call)"
                 )
+
+
+class GuardsCheckedOnce:
+    """A compiled forward for one generate call's one-token steps: the first call evaluates dynamo's guards in full
+    (it may compile); later calls evaluate only the guards that tell the function's cached graphs apart
+    (`set_stance(skip_guard_eval_unsafe=True)`). Sound here because every step of a call passes the same inputs:
+    the same cache, mask buffers and position tensors, advanced in place, a fresh `[batch, 1]` token, and the same
+    model, so what the full check passed at the first step still holds (SmolLM2 fp32, "full": dynamo's cache lookup
+    1.25-1.4 -> 0.3 ms a step, about 0.9 ms saved net). Not for calls of other shapes (verify steps, prefill chunks),
+    which could need a graph not compiled yet."""
+
+    def __init__(self, forward: Callable[..., Any]) -> None:
+        self.forward = forward
+        self.checked = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.checked:
+            out = self.forward(*args, **kwargs)
+            self.checked = True
+            return out
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            return self.forward(*args, **kwargs)

@@ -37,7 +37,7 @@ from .candidate_generator import (
     check_rewindable,
     verify_width,
 )
-from .compilation import compile_forward, default_strategy
+from .compilation import GuardsCheckedOnce, compile_forward, default_strategy
 from .configuration_utils import GENERATION_CONFIG_NAME, GenerationConfig, generation_lengths, warn_once
 from .logits_process import LogitsProcessing, logits_processing, next_tokens
 from .prompt import prepare_prompt
@@ -84,6 +84,7 @@ class _Session:
     prompt_ids: torch.Tensor  # [batch, prompt_slots]: the prompt as the cache holds it (static: whole chunks)
     prompt_mask: torch.Tensor  # [batch, prompt_slots]: 1 = token
     capacity: int  # slots for the prompt and every new token
+    step_forward: Callable[..., Any] | None = None  # one-token steps (`_decode_one_token`); None: `forward`
 
 
 class GenerationMixin:
@@ -196,6 +197,7 @@ class GenerationMixin:
         )
         if compile:
             session.forward = self.compiled_forward(compile)
+            session.step_forward = GuardsCheckedOnce(session.forward)
         if config.num_beams > 1:
             with inputs_checked():
                 return beam_search(self, session, logits, config, processing, input_ids, lengths.max_new_tokens)
@@ -532,7 +534,7 @@ class GenerationMixin:
         else:
             grown = torch.cat([session.padding_mask, session.padding_mask.new_ones(token.shape[0], 1)], dim=-1)
             session.padding_mask = mask = grown
-        logits = session.forward(
+        logits = (session.step_forward or session.forward)(
             token[:, None],
             attention_mask=mask,
             position_ids=session.position_ids,
