@@ -17,7 +17,7 @@ from torch import nn
 from torch._dynamo.testing import EagerAndRecordGraphs
 
 from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-from transformers_static.linear_utils import MAX_UNROLLED_ROWS, DecodeLinear, linear
+from transformers_static.linear_utils import MAX_UNROLLED_ROWS, DecodeLinear, gemm_templates, linear
 
 from .models.causal_lm_tester import perturb
 
@@ -84,6 +84,20 @@ def test_int8_decode_is_a_reduction_at_any_batch() -> None:
     for batch in (1, 3):
         calls = graph_calls(lambda x: linear(x, weight, None, scale), torch.randn(batch, 1, 40))
         assert F.linear not in calls and "sum" in calls
+
+
+def test_gemm_templates_keep_products_but_an_int8_single_row() -> None:
+    """Inside gemm_templates() (compile="max-autotune") float decode products and batched int8 rows stay `linear`,
+    for inductor's GEMM templates; an int8 weight's single row keeps its reduction (faster than the template)."""
+    layer = DecodeLinear(40, 24)
+    weight, scale = torch.randint(-127, 128, (24, 40), dtype=torch.int8), torch.rand(24)
+    with gemm_templates():
+        float_row = graph_calls(layer, torch.randn(1, 1, 40))
+        int8_row = graph_calls(lambda x: linear(x, weight, None, scale), torch.randn(1, 1, 40))
+        int8_rows = graph_calls(lambda x: linear(x, weight, None, scale), torch.randn(3, 1, 40))
+    assert F.linear in float_row and "sum" not in float_row
+    assert F.linear not in int8_row and "sum" in int8_row
+    assert F.linear in int8_rows and "sum" not in int8_rows
 
 
 @pytest.mark.parametrize("batch", [2, MAX_UNROLLED_ROWS])

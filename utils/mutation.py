@@ -660,6 +660,35 @@ MUTANTS = (
         "    if _regions_on and torch.compiler.is_compiling() and False:",
         COMPILATION + "test_a_users_own_compile_of_the_forward_is_regional[llama]",
     ),
+    # --- max-autotune and the guards (issue 27)
+    mutant(
+        "frozen-weights-miss-in-place-changes",
+        "generation/compilation.py",
+        "            if table.get(name) is not tensor or tensor._version != version:",
+        "            if table.get(name) is not tensor:",
+        COMPILATION + "test_max_autotune_on_cpu_freezes_the_weights_and_refuses_a_change",
+    ),
+    mutant(
+        "max-autotune-freezes-for-inductor-only",
+        "generation/compilation.py",
+        "                stack.enter_context(torch._inductor.config.patch(freezing=True))",
+        "                pass",
+        COMPILATION + "test_max_autotune_on_cpu_freezes_the_weights_and_refuses_a_change",
+    ),
+    mutant(
+        "max-autotune-keeps-the-reductions",
+        "linear_utils.py",
+        "    return not _gemm_templates and x.device.type == \"cpu\" and one_row",
+        "    return x.device.type == \"cpu\" and one_row",
+        COMPILATION + "test_max_autotune_keeps_the_decode_products_matrix_multiplications",
+    ),
+    mutant(
+        "the-first-step-skips-the-guards",
+        "generation/compilation.py",
+        "        if not self.checked:",
+        "        if False:",
+        COMPILATION + "test_a_generate_call_checks_the_guards_at_its_first_step_only",
+    ),
     # --- Gemma 4 (issue 26)
     mutant(
         "gemma4-reuse-layers-attend-their-kind-s-first-layer",

@@ -1,6 +1,7 @@
 """Where a compiled decode step goes: torch.profiler over steady-state decode steps of generate(compile=...).
 
-    python utils/profile_decode.py MODEL_DIR [--compile regional|full] [--quantization int8] [--dtype float32]
+    python utils/profile_decode.py MODEL_DIR [--compile regional|full|max-autotune] [--quantization int8|int4]
+                                   [--dtype float32] [--batch 1]
 
 Prints the step time (wall clock, between tokens), the profiled self time per group of events, per step (the
 generated kernels, which hold the linear layers' reductions; attention; aten products; dynamo's lookups and
@@ -22,15 +23,17 @@ from transformers_static import AutoModelForCausalLM
 from transformers_static.bench.measure import TimingStreamer
 
 GROUPS = (  # first match wins: (label, pattern on the profiler event name)
+    ("attention (aten SDPA, called by the generated code)", r"aten::_scaled_dot_product|aoti_torch_cpu__scaled_dot"),
     (
-        "generated kernels (linear reductions fused with norms, activations, residuals, rotary, cache write)",
-        r"cpp_fused|triton_",
+        "generated kernels (linear reductions or GEMM templates fused with norms, activations, residuals, rotary, "
+        "cache write)",
+        r"cpp_fused|cpp_CppMicro|triton_|graph_\d+_cpp",
     ),
-    ("attention (aten SDPA, called by the generated code)", r"aten::_scaled_dot_product"),
-    ("aten mm (F.linear)", r"aten::(mm|addmm|bmm)$"),
+    ("aten mm (F.linear)", r"aten::(mm|addmm|bmm)$|aoti_torch_cpu_(mm|addmm|bmm)"),
+    ("the compiled graph's own code (Python or C++ wrapper: allocations, calls)", r"CompiledFxGraph"),
     (
-        "dynamo cache lookup, compiled-region wrappers",
-        r"TorchDynamo Cache Lookup|Torch-Compiled Region|CompiledFxGraph",
+        "dynamo: cache lookup (guards), pre-graph bytecode, AOT wrapper, region calls",
+        r"TorchDynamo Cache Lookup|Pregraph bytecode|AOTDispatcher|Torch-Compiled Region",
     ),
 )
 
@@ -61,8 +64,9 @@ class DecodeProfiler:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir")
-    parser.add_argument("--compile", default="regional", choices=("regional", "full"))
-    parser.add_argument("--quantization", default=None, choices=("int8",))
+    parser.add_argument("--compile", default="regional", choices=("regional", "full", "max-autotune"))
+    parser.add_argument("--quantization", default=None, choices=("int8", "int4"))
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--steps", type=int, default=32)
     args = parser.parse_args()
@@ -70,7 +74,7 @@ def main() -> int:
     model = AutoModelForCausalLM.from_pretrained(
         args.model_dir, dtype=getattr(torch, args.dtype), quantization=args.quantization
     )
-    ids = torch.randint(3, 1000, (1, 16), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 1000, (args.batch, 16), generator=torch.Generator().manual_seed(0))
     kwargs = dict(max_new_tokens=args.steps + 1, eos_token_id=None, compile=args.compile)
     model.generate(ids, **kwargs)  # compile
     streamer = TimingStreamer()

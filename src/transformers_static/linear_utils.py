@@ -10,7 +10,8 @@ device, the weight's dtype; see `use_reduction`), so a compiled decode graph get
 (`q_len > 1`) keeps `F.linear`, and eager code is unchanged.
 
 Inside `gemm_templates()` (the "max-autotune" compile, whose frozen weights inductor packs for its own register-
-blocked GEMM kernels) float products stay matrix multiplications; int8 keeps its reduction.
+blocked GEMM kernels, weight-only int8 included) products stay matrix multiplications, but for an int8 weight's
+single row (SmolLM2 int8: 12-17 ms a token as a reduction, 21+ through the template; at 8 rows 78 against 49).
 
 Models keep `nn.Linear` in their files (upstream's shape and parameter names): `PreTrainedModel.post_init` turns
 each plain `nn.Linear` into a `DecodeLinear` (same parameters, same state dict, a subclass) with `use_decode_linear`.
@@ -29,30 +30,33 @@ from torch import nn
 # shapes here 1.3-1.4x (2 rows) to 1.6-2.3x (16 rows) faster than one broadcast reduction; past 16 the graph grows.
 MAX_UNROLLED_ROWS = 16
 
-_float_reductions = True  # read while dynamo traces (a guard): gemm_templates() turns them off for one compile
+_gemm_templates = False  # read while dynamo traces (a guard): set by gemm_templates() for one compile
 
 
 @contextmanager
 def gemm_templates() -> Iterator[None]:
-    """Within it, compiled float products are left as matrix multiplications (for inductor's GEMM templates)."""
-    global _float_reductions
-    before, _float_reductions = _float_reductions, False
+    """Within it, compiled products are left as matrix multiplications for inductor's GEMM templates (with frozen
+    weights: the "max-autotune" compile), but for an int8 weight's single row, which keeps its reduction."""
+    global _gemm_templates
+    before, _gemm_templates = _gemm_templates, True
     try:
         yield
     finally:
-        _float_reductions = before
+        _gemm_templates = before
 
 
 def use_reduction(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x @ weight.T` is written as a reduction: only while compiling, for one token per sequence (`x`
     `[..., 1, in]`), and then for an int8 weight (its dequantisation must fuse into the product), or for a float
     weight on CPU with a single row in all (one sequence: batched rows and other devices keep aten's GEMM, which
-    reads the weight once for all rows) outside `gemm_templates()`. Static facts at trace time."""
+    reads the weight once for all rows). Inside `gemm_templates()` only an int8 weight's single row. Static facts at
+    trace time."""
     if not (torch.compiler.is_compiling() and x.dim() >= 2 and x.shape[-2] == 1):
         return False
+    one_row = x.numel() == x.shape[-1]
     if weight.dtype == torch.int8:
-        return True
-    return _float_reductions and x.device.type == "cpu" and x.numel() == x.shape[-1]
+        return one_row or not _gemm_templates
+    return not _gemm_templates and x.device.type == "cpu" and one_row
 
 
 def linear(
