@@ -678,8 +678,8 @@ MUTANTS = (
     mutant(
         "max-autotune-keeps-the-reductions",
         "linear_utils.py",
-        "    return not _gemm_templates and x.device.type == \"cpu\" and one_row",
-        "    return x.device.type == \"cpu\" and one_row",
+        '    return not _gemm_templates and x.device.type == "cpu" and one_row',
+        '    return x.device.type == "cpu" and one_row',
         COMPILATION + "test_max_autotune_keeps_the_decode_products_matrix_multiplications",
     ),
     mutant(
