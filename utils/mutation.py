@@ -511,8 +511,8 @@ MUTANTS = (
     mutant(
         "batched-rows-as-a-reduction",
         "linear_utils.py",
-        'return weight.dtype == torch.int8 or (x.device.type == "cpu" and x.numel() == x.shape[-1])',
-        'return weight.dtype == torch.int8 or x.device.type == "cpu"',
+        'return not _gemm_templates and x.device.type == "cpu" and one_row',
+        'return not _gemm_templates and x.device.type == "cpu"',
         "tests/test_linear_utils.py::test_decode_graph_reads_weights_in_a_reduction_and_prefill_keeps_f_linear",
     ),
     mutant(

@@ -4,6 +4,7 @@ inline ("full"), or inline with the weights frozen into the graph and the GEMM k
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -20,7 +21,8 @@ __all__ = ["COMPILE_OPTIONS", "STRATEGIES", "GuardsCheckedOnce", "compile_forwar
 
 # "max-autotune" on CPU: the whole step with its weights as constants (inductor's freezing), so that max-autotune
 # can pick, per product shape and host, between aten's GEMM and inductor's C++ GEMM template on weights packed once
-# for its register-blocked kernel (SmolLM2 fp32 at 8 rows: 86 -> 55 ms/step here; the first call autotunes, ~2 min).
+# for its register-blocked kernel (SmolLM2 fp32 here: 8 rows cost 2.3x one row's step, against 3.6x through aten's
+# GEMM; the first call autotunes, ~2 min).
 CPU_MAX_AUTOTUNE = {
     "cpp_wrapper": True,
     "freezing": True,
@@ -52,16 +54,20 @@ def compile_forward(model: nn.Module, strategy: str, backend: str | Callable = "
     )
     if strategy == "regional" and not cuda:
         return compiled
-    frozen = FrozenWeights(model) if options.get("freezing") else None
+    freezing = bool(options.get("freezing"))
+    frozen: list[FrozenWeights] = []  # the weights as the first call (the one that compiles) froze them
 
     def whole(*args: Any, **kwargs: Any) -> Any:
-        if frozen is not None:
-            frozen.check()
+        if frozen:
+            frozen[0].check()
+        elif freezing:
+            frozen.append(FrozenWeights(model))
         with ExitStack() as stack:
             stack.enter_context(whole_graph())
-            if frozen is not None:
-                # also while dynamo traces: it then guards on each parameter's identity, so another model of this
-                # class (or a replaced parameter) compiles its own frozen graph instead of running this one's weights
+            if freezing:
+                # Freezing must be on while dynamo traces too (it reads the global switch, not these options): only
+                # then are the parameters marked static, with identity guards, and folded in as constants; another
+                # model of this class then compiles a frozen graph of its own weights.
                 stack.enter_context(torch._inductor.config.patch(freezing=True))
             if strategy == "max-autotune":
                 stack.enter_context(gemm_templates())
@@ -102,16 +108,24 @@ class GuardsCheckedOnce:
     the same cache, mask buffers and position tensors, advanced in place, a fresh `[batch, 1]` token, and the same
     model, so what the full check passed at the first step still holds (SmolLM2 fp32, "full": dynamo's cache lookup
     1.25-1.4 -> 0.3 ms a step, about 0.9 ms saved net). Not for calls of other shapes (verify steps, prefill chunks),
-    which could need a graph not compiled yet."""
+    which could need a graph not compiled yet.
+
+    The stance is process-wide: the steps of generate calls in other threads take turns (`_STEPS`), so no call's
+    full check runs inside another's relaxed one; compiled code of one's own running in another thread meanwhile
+    would skip its guards too."""
 
     def __init__(self, forward: Callable[..., Any]) -> None:
         self.forward = forward
         self.checked = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.checked:
-            out = self.forward(*args, **kwargs)
-            self.checked = True
-            return out
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-            return self.forward(*args, **kwargs)
+        with _STEPS:
+            if not self.checked:
+                out = self.forward(*args, **kwargs)
+                self.checked = True
+                return out
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return self.forward(*args, **kwargs)
+
+
+_STEPS = threading.RLock()  # one compiled generate step at a time in the process (see GuardsCheckedOnce)
