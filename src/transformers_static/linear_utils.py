@@ -11,7 +11,7 @@ device, the weight's dtype; see `use_reduction`), so a compiled decode graph get
 
 Inside `gemm_templates()` (the "max-autotune" compile, whose frozen weights inductor packs for its own register-
 blocked GEMM kernels, weight-only int8 included) products stay matrix multiplications, but for an int8 weight's
-single row (SmolLM2 int8: 12-17 ms a token as a reduction, 21+ through the template; at 8 rows 78 against 49).
+single row (SmolLM2 int8: 12-17 ms a token as a reduction, 21+ through the template; at 8 rows 78 against 49-63).
 
 Models keep `nn.Linear` in their files (upstream's shape and parameter names): `PreTrainedModel.post_init` turns
 each plain `nn.Linear` into a `DecodeLinear` (same parameters, same state dict, a subclass) with `use_decode_linear`.
