@@ -689,6 +689,20 @@ MUTANTS = (
         "        if False:",
         COMPILATION + "test_a_generate_call_checks_the_guards_at_its_first_step_only",
     ),
+    mutant(
+        "decode-attention-ignores-a-per-head-mask",
+        "attention_utils.py",
+        "        if mask.shape[1] != 1:",
+        "        if False:",
+        "tests/test_attention_utils.py::test_decode_attention_equals_eager[dtype0-per_head-6-2]",
+    ),
+    mutant(
+        "decode-attention-drops-the-sinks",
+        "attention_utils.py",
+        "    if sinks is not None:\n        sink = sinks.float()",
+        "    if False:\n        sink = sinks.float()",
+        "tests/test_attention_utils.py::test_decode_attention_soft_caps_and_sinks_as_eager[None-True]",
+    ),
     # --- Gemma 4 (issue 26)
     mutant(
         "gemma4-reuse-layers-attend-their-kind-s-first-layer",

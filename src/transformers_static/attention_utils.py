@@ -10,6 +10,10 @@ copy of the cache per step). `softcap`
 (Gemma2) squashes scores to `tanh(s / cap) * cap` before the mask; `sinks` `[heads]` (gpt-oss) adds one learned
 logit per head to each query's softmax, a column dropped after it (mass that goes to no value). Only the eager
 kernel can do either.
+
+Under compile, one query per sequence on CPU (a decode step), both kernels become `decode_attention`: generated
+reductions over the cache, in float32, which inductor fuses with the mask and the softmax (SmolLM2: torch's CPU SDPA
+costs 50-90 us a call at decode sizes, 30 calls a token).
 """
 
 from __future__ import annotations
@@ -46,6 +50,51 @@ def group_mask(attention_mask: torch.Tensor, kv_heads: int, n_rep: int) -> torch
     return attention_mask.reshape(batch, kv_heads, n_rep * q_len, kv_len)
 
 
+def use_decode_attention(query: torch.Tensor) -> bool:
+    """Whether attention is written as reductions (`decode_attention`): while compiling, one query per sequence
+    (`query` `[batch, heads, 1, head_dim]`), on CPU. Static facts at trace time."""
+    return torch.compiler.is_compiling() and query.shape[2] == 1 and query.device.type == "cpu"
+
+
+def decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query per sequence against the whole cache, as elementwise products and sums that inductor fuses into a
+    pass over the keys, the softmax and a pass over the values; all in float32. Same semantics as `eager_attention`
+    (soft-capped scores, mask, `sinks`; a query with no key to attend to spreads its weight evenly), returning
+    `([batch, 1, heads, head_dim], weights [batch, heads, 1, kv_len])`, both in `query`'s dtype."""
+    batch, heads, _, head_dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    n_rep = heads // kv_heads
+    grouped = query.float().reshape(batch, kv_heads, n_rep, 1, head_dim)  # one key/value head's queries together
+    scores = (grouped * key.float()[:, :, None]).sum(-1) * scaling  # [batch, kv_heads, n_rep, kv_len]
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    if attention_mask is not None:
+        mask = attention_mask  # [batch, 1 | heads, 1, kv_len]
+        if mask.shape[1] != 1:
+            mask = mask.reshape(mask.shape[0], kv_heads, n_rep, kv_len)
+        lowest = torch.finfo(torch.float32).min
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, lowest)
+        else:
+            scores = (scores + mask.float()).clamp(min=lowest)
+    if sinks is not None:
+        sink = sinks.float().reshape(1, kv_heads, n_rep, 1).expand(batch, -1, -1, -1)
+        weights = F.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = F.softmax(scores, dim=-1)  # [batch, kv_heads, n_rep, kv_len]
+    attn_output = (weights[..., None] * value.float()[:, :, None]).sum(-2)  # [batch, kv_heads, n_rep, head_dim]
+    attn_output = attn_output.reshape(batch, 1, heads, head_dim).to(query.dtype)
+    return attn_output, weights.reshape(batch, heads, 1, kv_len).to(query.dtype)
+
+
 def eager_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -59,6 +108,8 @@ def eager_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores in the model dtype (soft-capped there, as upstream), masked and softmaxed in float32
     (fp16/bf16-safe: no -inf, no NaN rows), with the `sinks` column when given."""
+    if use_decode_attention(query) and dropout == 0.0:
+        return decode_attention(query, key, value, attention_mask, scaling, softcap, sinks)
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
     if attention_mask is not None and heads != kv_heads:
@@ -104,6 +155,8 @@ def sdpa_attention(
         raise ValueError("sdpa cannot soft-cap attention scores: use attn_implementation='eager'")
     if sinks is not None:
         raise ValueError("sdpa cannot add attention sinks to the softmax: use attn_implementation='eager'")
+    if use_decode_attention(query) and not (dropout and module.training):
+        return decode_attention(query, key, value, attention_mask, scaling)[0], None
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
     if attention_mask is not None and attention_mask.dtype != torch.bool:
