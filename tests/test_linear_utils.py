@@ -17,7 +17,13 @@ from torch import nn
 from torch._dynamo.testing import EagerAndRecordGraphs
 
 from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-from transformers_static.linear_utils import MAX_UNROLLED_ROWS, DecodeLinear, gemm_templates, linear
+from transformers_static.linear_utils import (
+    MAX_UNROLLED_FLOAT_ROWS,
+    MAX_UNROLLED_ROWS,
+    DecodeLinear,
+    gemm_templates,
+    linear,
+)
 
 from .models.causal_lm_tester import perturb
 
@@ -64,11 +70,25 @@ def graph_calls(fn, x: torch.Tensor) -> set:
 def test_decode_graph_reads_weights_in_a_reduction_and_prefill_keeps_f_linear() -> None:
     layer = DecodeLinear(40, 24)
     decode = graph_calls(layer, torch.randn(1, 1, 40))
-    batched_decode = graph_calls(layer, torch.randn(2, 1, 40))  # float rows of several sequences: one GEMM
+    few_rows = graph_calls(layer, torch.randn(MAX_UNROLLED_FLOAT_ROWS, 1, 40))  # a few sequences: a reduction each
+    many_rows = graph_calls(layer, torch.randn(MAX_UNROLLED_FLOAT_ROWS + 1, 1, 40))  # more: one GEMM
     prefill = graph_calls(layer, torch.randn(1, 7, 40))
     assert F.linear not in decode and "sum" in decode
-    assert F.linear in batched_decode and "sum" not in batched_decode
+    assert F.linear not in few_rows and "sum" in few_rows
+    assert F.linear in many_rows and "sum" not in many_rows
     assert F.linear in prefill and "sum" not in prefill
+
+
+@pytest.mark.parametrize("batch", [2, MAX_UNROLLED_FLOAT_ROWS])
+def test_float_decode_rows_are_one_reduction_each(batch: int) -> None:
+    """A few float rows: one [out, in] product per row (inductor reads the weight once for all of them), equal to
+    F.linear."""
+    torch.manual_seed(0)
+    layer = DecodeLinear(40, 24)
+    x = torch.randn(batch, 1, 40)
+    products = traced_products(layer, x)
+    assert [p for p in products if p.numel() >= 24 * 40] == [torch.Size([24, 40])] * batch
+    torch.testing.assert_close(compiled(layer)(x), F.linear(x, layer.weight, layer.bias))
 
 
 def traced_products(fn, x: torch.Tensor) -> list[torch.Size]:

@@ -509,18 +509,19 @@ MUTANTS = (
         COMPILATION + "test_layers_share_one_body_and_tokens_equal_eager[llama]",
     ),
     mutant(
-        "batched-rows-as-a-reduction",
+        "many-batched-rows-as-a-reduction",
         "linear_utils.py",
-        'return not _gemm_templates and x.device.type == "cpu" and one_row',
+        'return not _gemm_templates and x.device.type == "cpu" and rows <= MAX_UNROLLED_FLOAT_ROWS',
         'return not _gemm_templates and x.device.type == "cpu"',
         "tests/test_linear_utils.py::test_decode_graph_reads_weights_in_a_reduction_and_prefill_keeps_f_linear",
     ),
     mutant(
-        "int8-rows-as-one-broadcast-product",
+        "rows-as-one-broadcast-product",
         "linear_utils.py",
         "        if 1 < rows <= MAX_UNROLLED_ROWS:",
         "        if False:",
         "tests/test_linear_utils.py::test_int8_decode_rows_are_one_reduction_each",
+        "tests/test_linear_utils.py::test_float_decode_rows_are_one_reduction_each[2]",
     ),
     mutant(
         "reduction-outside-compile",
@@ -678,8 +679,8 @@ MUTANTS = (
     mutant(
         "max-autotune-keeps-the-reductions",
         "linear_utils.py",
-        '    return not _gemm_templates and x.device.type == "cpu" and one_row',
-        '    return x.device.type == "cpu" and one_row',
+        '    return not _gemm_templates and x.device.type == "cpu" and rows <= MAX_UNROLLED_FLOAT_ROWS',
+        '    return x.device.type == "cpu" and rows <= MAX_UNROLLED_FLOAT_ROWS',
         COMPILATION + "test_max_autotune_keeps_the_decode_products_matrix_multiplications",
     ),
     mutant(

@@ -7,7 +7,8 @@ over the weight into which the bias, an int8 dequantisation and the neighbouring
 one-row `F.linear` (a BLAS gemv) is a separate call that, on some CPUs, reads well below memory bandwidth. The
 choice is made while tracing, from static facts only (`torch.compiler.is_compiling()`, the input's shape and
 device, the weight's dtype; see `use_reduction`), so a compiled decode graph gets the reduction, prefill
-(`q_len > 1`) keeps `F.linear`, and eager code is unchanged.
+(`q_len > 1`) keeps `F.linear`, and eager code is unchanged. A few sequences' rows (up to 4 float, 16 int8) are
+one reduction per row, which inductor fuses into one pass over the weight with an accumulator per row.
 
 Inside `gemm_templates()` (the "max-autotune" compile, whose frozen weights inductor packs for its own register-
 blocked GEMM kernels, weight-only int8 included) products stay matrix multiplications, but for an int8 weight's
@@ -29,6 +30,10 @@ from torch import nn
 # Rows (sequences) up to which an int8 decode product unrolls one reduction per row (see `linear`): on SmolLM2's int8
 # shapes here 1.3-1.4x (2 rows) to 1.6-2.3x (16 rows) faster than one broadcast reduction; past 16 the graph grows.
 MAX_UNROLLED_ROWS = 16
+# Rows up to which a float decode product does too, instead of aten's GEMM (whose small-M GEMM reads far below memory
+# speed on the 2-core AVX-512 host measured): SmolLM2 fp32 `generate(compile=True)` ms a step, aten's GEMM -> rows
+# of reductions: 2 rows 81-87 -> 22-23 (one row: ~22), 4 rows 75-80 -> 46-50; 8 rows 68-71 -> 90-94, so 8 keep aten.
+MAX_UNROLLED_FLOAT_ROWS = 4
 
 _gemm_templates = False  # read while dynamo traces (a guard): set by gemm_templates() for one compile
 
@@ -48,15 +53,14 @@ def gemm_templates() -> Iterator[None]:
 def use_reduction(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x @ weight.T` is written as a reduction: only while compiling, for one token per sequence (`x`
     `[..., 1, in]`), and then for an int8 weight (its dequantisation must fuse into the product), or for a float
-    weight on CPU with a single row in all (one sequence: batched rows and other devices keep aten's GEMM, which
-    reads the weight once for all rows). Inside `gemm_templates()` only an int8 weight's single row. Static facts at
-    trace time."""
+    weight on CPU with at most `MAX_UNROLLED_FLOAT_ROWS` rows in all (more rows, and other devices, keep aten's
+    GEMM). Inside `gemm_templates()` only an int8 weight's single row. Static facts at trace time."""
     if not (torch.compiler.is_compiling() and x.dim() >= 2 and x.shape[-2] == 1):
         return False
-    one_row = x.numel() == x.shape[-1]
+    rows = x.numel() // x.shape[-1]
     if weight.dtype == torch.int8:
-        return one_row or not _gemm_templates
-    return not _gemm_templates and x.device.type == "cpu" and one_row
+        return rows == 1 or not _gemm_templates
+    return not _gemm_templates and x.device.type == "cpu" and rows <= MAX_UNROLLED_FLOAT_ROWS
 
 
 def linear(
