@@ -164,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
         summary = _generate_summary(streamer, elapsed, graphs_compiled() - graphs, args.compile, streaming)
         print(summary, file=sys.stderr)
     if tp_plan is not None:
-        torch.distributed.destroy_process_group()
+        from ..integrations.tensor_parallel import end_command
+
+        end_command()
     return 0
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +92,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     engine, name = build_engine(args)
     if args.tp:
+        from ..integrations.tensor_parallel import leave_at_once
         from ..serving.tensor_parallel import BroadcastForward, follow
 
         if torch.distributed.get_rank() != 0:  # the other ranks run rank 0's forwards until it stops
             signal.signal(signal.SIGTERM, lambda signum, frame: None)  # rank 0 decides when to stop
             follow(engine)
-            # Done: leave at once. Tearing down the process group and gloo's threads here races rank 0's exit (it
-            # hosts the rendezvous store): about one run in four died with "terminate called" (exit -6).
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+            leave_at_once()
         engine.forward = BroadcastForward(engine)
     from ..serving.app import create_app
 

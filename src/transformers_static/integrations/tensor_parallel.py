@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -131,6 +132,24 @@ def _init_process_group(backend: str) -> None:
     except Exception as err:  # torch raises several types (timeouts, refused connections, bad variables)
         env = {name: os.environ[name] for name in LAUNCH_VARIABLES}
         raise RuntimeError(f"could not form the {backend} process group from {env}: {err}") from err
+
+
+def leave_at_once() -> None:
+    """End a non-zero rank's process here, output flushed, without tearing down the process group: gloo's teardown
+    races rank 0's exit (rank 0 hosts the rendezvous store), and about one run in four died with "terminate called
+    without an active exception" (exit -6)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def end_command() -> None:
+    """The end of a command run under torchrun: the ranks meet, the others leave (`leave_at_once`), rank 0 tears the
+    process group down."""
+    dist.barrier()
+    if dist.get_rank() != 0:
+        leave_at_once()
+    dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------- plans
