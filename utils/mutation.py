@@ -247,7 +247,11 @@ MUTANTS = (
     Mutant(
         "soft-cap-after-the-mask",
         (
-            Edit(ATTN, "    if softcap is not None:\n        scores = soft_cap(scores, softcap)\n", ""),
+            Edit(
+                ATTN,
+                "    if softcap is not None:\n        scores = soft_cap(scores, softcap)\n    scores = scores.float()\n",
+                "    scores = scores.float()\n",
+            ),
             Edit(
                 ATTN,
                 "            scores = (scores + attention_mask.float()).clamp(min=lowest)\n",
