@@ -18,13 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tests.models.causal_lm_tester import count_graphs, generation_prompt
 from transformers_static import AutoModel, AutoModelForCausalLM
 from transformers_static.cache_utils import attention_shape, layer_kv_shapes
-from transformers_static.integrations.tensor_parallel import layer_index, planned_modules
+from transformers_static.integrations.tensor_parallel import end_command, layer_index, planned_modules
 
 MAX_NEW_TOKENS = 6
 
@@ -43,8 +42,7 @@ def run_rank(rank: int, world_size: int, port: int, out: str, checkpoints: list[
         results["refusals"][case] = refusal(spec)
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    end_command()
 
 
 def _guarded(check: Callable[[], dict]) -> dict:

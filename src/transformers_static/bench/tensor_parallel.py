@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..integrations.tensor_parallel import end_command
 from ..models.auto import AutoConfig, AutoModelForCausalLM
 from .driver import BenchOptions, Scenario, _prompts, cold_compile_cache
 from .measure import TimingStreamer, graphs_compiled, load_average
@@ -144,7 +145,7 @@ def _rank_main(spec_file: str) -> None:
     result = measure(model, _prompts(scenario, options), options, spec["compiled"])
     if torch.distributed.get_rank() == 0:
         Path(spec["out"]).write_text(json.dumps(result))
-    torch.distributed.destroy_process_group()
+    end_command()
 
 
 def format_tp_table(results: dict[str, Any]) -> str:
