@@ -695,18 +695,18 @@ MUTANTS = (
         COMPILATION + "test_a_generate_call_checks_the_guards_at_its_first_step_only",
     ),
     mutant(
-        "decode-attention-ignores-a-per-head-mask",
+        "grouped-mask-ignores-a-per-head-mask",
         "attention_utils.py",
-        "        if mask.shape[1] != 1:",
-        "        if False:",
-        "tests/test_attention_utils.py::test_decode_attention_equals_eager[dtype0-per_head-6-2]",
+        "    if mask_heads == 1:\n        return attention_mask.repeat(1, 1, n_rep, 1)",
+        "    if True:\n        return attention_mask[:, :1].repeat(1, 1, n_rep, 1)",
+        "tests/test_attention_utils.py::test_kernels_equal_a_plain_reference[1-eager_attention-per_head-6-2]",
     ),
     mutant(
-        "decode-attention-drops-the-sinks",
+        "softmax-drops-the-sinks",
         "attention_utils.py",
-        "    if sinks is not None:\n        sink = sinks.float()",
-        "    if False:\n        sink = sinks.float()",
-        "tests/test_attention_utils.py::test_decode_attention_soft_caps_and_sinks_as_eager[None-True]",
+        "    if sinks is None:\n        return F.softmax(scores, dim=-1)",
+        "    if True:\n        return F.softmax(scores, dim=-1)",
+        "tests/test_attention_utils.py::test_eager_soft_caps_and_sinks_as_a_plain_reference[3-None-True]",
     ),
     # --- Gemma 4 (issue 26)
     mutant(

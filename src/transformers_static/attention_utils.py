@@ -41,19 +41,55 @@ def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.reshape(batch, kv_heads, heads // kv_heads * q_len, head_dim)
 
 
-def group_mask(attention_mask: torch.Tensor, kv_heads: int, n_rep: int) -> torch.Tensor:
+def group_mask(attention_mask: torch.Tensor | None, kv_heads: int, n_rep: int) -> torch.Tensor | None:
     """The mask for grouped queries: `[batch, 1 | heads, q_len, kv_len]` -> `[batch, 1 | kv_heads, n_rep * q_len,
-    kv_len]` (rows ordered as `group_queries` orders them: query head major, then query)."""
+    kv_len]` (rows ordered as `group_queries` orders them: query head major, then query). None, or one query head
+    per key/value head, passes through."""
+    if attention_mask is None or n_rep == 1:
+        return attention_mask
     batch, mask_heads, q_len, kv_len = attention_mask.shape
     if mask_heads == 1:
         return attention_mask.repeat(1, 1, n_rep, 1)
     return attention_mask.reshape(batch, kv_heads, n_rep * q_len, kv_len)
 
 
-def use_decode_attention(query: torch.Tensor) -> bool:
+def masked_scores(
+    scores: torch.Tensor, attention_mask: torch.Tensor | None, softcap: float | None = None
+) -> torch.Tensor:
+    """Soft-capped in `scores`' dtype (as upstream), then float32 and masked: a bool mask puts float32's lowest where
+    it is False, an additive one is added and clamped there (fp16/bf16-safe: no -inf, no NaN rows). `scores` and the
+    (grouped) mask broadcast: `[batch, kv_heads, rows, kv_len]`."""
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    scores = scores.float()
+    if attention_mask is not None:
+        lowest = torch.finfo(torch.float32).min
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, lowest)
+        else:
+            scores = (scores + attention_mask.float()).clamp(min=lowest)
+    return scores
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None, q_len: int) -> torch.Tensor:
+    """Softmax over the keys of grouped scores `[batch, kv_heads, n_rep * q_len, kv_len]`; with `sinks` `[heads]`,
+    each row's head's sink joins its softmax as one more column, dropped after (mass that goes to no value)."""
+    if sinks is None:
+        return F.softmax(scores, dim=-1)
+    batch, kv_heads = scores.shape[:2]
+    sink = sinks.float().reshape(1, kv_heads, -1, 1, 1).expand(batch, -1, -1, q_len, 1)  # rows as group_queries
+    return F.softmax(torch.cat([scores, sink.reshape(batch, kv_heads, -1, 1)], dim=-1), dim=-1)[..., :-1]
+
+
+def use_decode_attention(module: nn.Module, query: torch.Tensor, dropout: float) -> bool:
     """Whether attention is written as reductions (`decode_attention`): while compiling, one query per sequence
-    (`query` `[batch, heads, 1, head_dim]`), on CPU. Static facts at trace time."""
-    return torch.compiler.is_compiling() and query.shape[2] == 1 and query.device.type == "cpu"
+    (`query` `[batch, heads, 1, head_dim]`), on CPU, no dropout. Static facts at trace time."""
+    return (
+        torch.compiler.is_compiling()
+        and query.shape[2] == 1
+        and query.device.type == "cpu"
+        and not (dropout and module.training)
+    )
 
 
 def decode_attention(
@@ -74,22 +110,8 @@ def decode_attention(
     n_rep = heads // kv_heads
     grouped = query.float().reshape(batch, kv_heads, n_rep, 1, head_dim)  # one key/value head's queries together
     scores = (grouped * key.float()[:, :, None]).sum(-1) * scaling  # [batch, kv_heads, n_rep, kv_len]
-    if softcap is not None:
-        scores = soft_cap(scores, softcap)
-    if attention_mask is not None:
-        mask = attention_mask  # [batch, 1 | heads, 1, kv_len]
-        if mask.shape[1] != 1:
-            mask = mask.reshape(mask.shape[0], kv_heads, n_rep, kv_len)
-        lowest = torch.finfo(torch.float32).min
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, lowest)
-        else:
-            scores = (scores + mask.float()).clamp(min=lowest)
-    if sinks is not None:
-        sink = sinks.float().reshape(1, kv_heads, n_rep, 1).expand(batch, -1, -1, -1)
-        weights = F.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        weights = F.softmax(scores, dim=-1)  # [batch, kv_heads, n_rep, kv_len]
+    scores = masked_scores(scores, group_mask(attention_mask, kv_heads, n_rep), softcap)
+    weights = softmax_with_sinks(scores, sinks, q_len=1)  # [batch, kv_heads, n_rep, kv_len]
     attn_output = (weights[..., None] * value.float()[:, :, None]).sum(-2)  # [batch, kv_heads, n_rep, head_dim]
     attn_output = attn_output.reshape(batch, 1, heads, head_dim).to(query.dtype)
     return attn_output, weights.reshape(batch, heads, 1, kv_len).to(query.dtype)
@@ -106,32 +128,16 @@ def eager_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores in the model dtype (soft-capped there, as upstream), masked and softmaxed in float32
-    (fp16/bf16-safe: no -inf, no NaN rows), with the `sinks` column when given."""
-    if use_decode_attention(query) and dropout == 0.0:
+    """Scores in the model dtype (soft-capped there, as upstream), masked and softmaxed in float32, with the
+    `sinks` column when given."""
+    if use_decode_attention(module, query, dropout):
         return decode_attention(query, key, value, attention_mask, scaling, softcap, sinks)
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
-    if attention_mask is not None and heads != kv_heads:
-        attention_mask = group_mask(attention_mask, kv_heads, heads // kv_heads)
     grouped = group_queries(query, kv_heads)  # [batch, kv_heads, n_rep * q_len, head_dim]
     scores = torch.matmul(grouped, key.transpose(2, 3)) * scaling  # [batch, kv_heads, n_rep * q_len, kv_len]
-    if softcap is not None:
-        scores = soft_cap(scores, softcap)
-    scores = scores.float()
-    if attention_mask is not None:
-        lowest = torch.finfo(torch.float32).min
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, lowest)
-        else:
-            scores = (scores + attention_mask.float()).clamp(min=lowest)
-    if sinks is not None:  # one column per query row, each row's head's sink (rows ordered as group_queries)
-        sink = sinks.float().reshape(1, kv_heads, heads // kv_heads, 1, 1).expand(batch, -1, -1, q_len, 1)
-        scores = torch.cat([scores, sink.reshape(batch, kv_heads, -1, 1)], dim=-1)
-    weights = F.softmax(scores, dim=-1)
-    if sinks is not None:
-        weights = weights[..., :-1]
-    weights = weights.to(query.dtype)
+    scores = masked_scores(scores, group_mask(attention_mask, kv_heads, heads // kv_heads), softcap)
+    weights = softmax_with_sinks(scores, sinks, q_len).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     attn_output = torch.matmul(weights, value).reshape(batch, heads, q_len, head_dim)
     return attn_output.transpose(1, 2).contiguous(), weights.reshape(batch, heads, q_len, -1)
@@ -155,14 +161,13 @@ def sdpa_attention(
         raise ValueError("sdpa cannot soft-cap attention scores: use attn_implementation='eager'")
     if sinks is not None:
         raise ValueError("sdpa cannot add attention sinks to the softmax: use attn_implementation='eager'")
-    if use_decode_attention(query) and not (dropout and module.training):
+    if use_decode_attention(module, query, dropout):
         return decode_attention(query, key, value, attention_mask, scaling)[0], None
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         attention_mask = attention_mask.to(query.dtype)
-    if attention_mask is not None and heads != kv_heads:
-        attention_mask = group_mask(attention_mask, kv_heads, heads // kv_heads)
+    attention_mask = group_mask(attention_mask, kv_heads, heads // kv_heads)
     attn_output = F.scaled_dot_product_attention(
         group_queries(query, kv_heads),
         key,
