@@ -254,6 +254,28 @@ def test_a_generate_call_checks_the_guards_at_its_first_step_only(
     assert skipped == [False, True, True] * 2
 
 
+def test_quantized_weights_add_no_guard_to_the_relaxed_steps(tmp_path: Path) -> None:
+    """The steps after a generate call's first evaluate only the guards that tell cached graphs apart, which dynamo
+    keeps for every tensor that is not a parameter: int8 and int4 weights and scales are (frozen) parameters, so
+    their models keep the float model's set (no guard per quantized tensor per step)."""
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)
+    sources = {}
+    for quantization in (None, "int8", "int4"):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization=quantization)
+        model._compiled_forwards = {"regional": compile_forward(model, "regional", backend="eager")}
+        torch._dynamo.reset()
+        try:
+            model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=3, eos_token_id=None, compile="regional")
+            (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(type(model).forward.__code__)
+            sources[quantization] = set(entry.guard_manager.diff_guard_sources)
+        finally:
+            torch._dynamo.reset()
+        assert not any(p.requires_grad for p in model.parameters() if not p.is_floating_point())
+    assert any("past_key_values" in source for source in sources[None])  # the set does hold the per-step inputs
+    assert sources["int8"] == sources[None] and sources["int4"] == sources[None]
+
+
 def test_a_model_with_routed_layers_pickles_and_copies(tmp_path: Path) -> None:
     """torch.save(model) and deepcopy still work (the routing is a partial and a region that pickles as a new one);
     a copy gets a region of its own, and its layers route through it."""

@@ -65,7 +65,8 @@ class PreTrainedModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
+        """The first floating-point parameter's (quantized layers hold integer ones)."""
+        return next(p.dtype for p in self.parameters() if p.is_floating_point())
 
     @property
     def device(self) -> torch.device:

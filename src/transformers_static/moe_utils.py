@@ -58,7 +58,7 @@ class StackedExperts(nn.Module):
     hidden]`. A subclass creates the parameters and defines `glu` (`[..., 2 * intermediate] -> [..., intermediate]`).
 
     `int8_layout = "experts"` tells quantization to quantize `stacked_weights` per expert and output channel
-    (adding `<name>_scale` buffers, read here when present)."""
+    (adding `<name>_scale` parameters, read here when present)."""
 
     int8_layout: ClassVar[str] = "experts"
     stacked_weights: ClassVar[tuple[str, ...]] = ("gate_up_proj", "down_proj")
@@ -74,7 +74,7 @@ class StackedExperts(nn.Module):
         for name in ("gate_up_proj_bias", "down_proj_bias"):
             self.register_parameter(name, None)
         for name in self.stacked_weights:
-            self.register_buffer(f"{name}_scale", None)
+            self.register_parameter(f"{name}_scale", None)
         if self.checkpoint_parts is not None:
             self.register_state_dict_post_hook(_unstack_for_checkpoint)
             self.register_load_state_dict_pre_hook(_stack_from_checkpoint)

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .int8 import frozen
+
 GROUP_SIZES = (32, 64, 128, 256)
 DEFAULT_GROUP_SIZE = 32
 SCALE_DTYPE = torch.bfloat16  # the kernel reads bfloat16 scales and zeros beside bfloat16 activations
@@ -154,10 +156,8 @@ class Int4Linear(nn.Module):
             )
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         groups = in_features // group_size
-        self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
-        self.register_buffer(
-            "scales_and_zeros", torch.zeros(groups, out_features, 2, dtype=SCALE_DTYPE, device=device)
-        )
+        self.weight = frozen(torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
+        self.scales_and_zeros = frozen(torch.zeros(groups, out_features, 2, dtype=SCALE_DTYPE, device=device))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
         self.register_state_dict_post_hook(_saved_form)
         self.register_load_state_dict_pre_hook(_memory_form)
