@@ -30,7 +30,7 @@ from transformers_static.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 from transformers_static.models.mixtral.configuration_mixtral import MixtralConfig
 from transformers_static.models.mixtral.modeling_mixtral import MixtralDecoderLayer, MixtralExperts
 from transformers_static.moe_utils import gathers, load_balancing_loss, rename_in_checkpoint
-from transformers_static.quantization.int8 import frozen, quantize_weight
+from transformers_static.quantization.int8 import quantize_weight, quantized_parameter
 
 SIZES = dict(hidden_size=16, intermediate_size=12, num_local_experts=6, num_experts_per_tok=2)
 EXPERTS = {"mixtral": (MixtralExperts, MixtralConfig), "gpt_oss": (GptOssExperts, GptOssConfig)}
@@ -134,8 +134,8 @@ def test_int8_experts_equal_their_dequantized_float_weights(kind: str, tokens: i
     expected = ours(x, index, weights)
     for name in ours.stacked_weights:
         int8, scale = getattr(ours, f"{name}_int8")
-        setattr(ours, name, frozen(int8))
-        setattr(ours, f"{name}_scale", frozen(scale))
+        setattr(ours, name, quantized_parameter(int8))
+        setattr(ours, f"{name}_scale", quantized_parameter(scale))
     torch.testing.assert_close(ours(x, index, weights), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(compiled(ours)(x, index, weights), expected, atol=1e-5, rtol=1e-5)
 
@@ -185,10 +185,10 @@ def test_checkpoint_holds_one_matrix_per_expert_and_loads_back() -> None:
     fresh = MixtralExperts(MixtralConfig(**SIZES))
     fresh.load_state_dict({k: v.clone() for k, v in state.items()})
     torch.testing.assert_close(fresh.gate_up_proj, ours.gate_up_proj, atol=0, rtol=0)
-    ours.gate_up_proj_scale = frozen(torch.arange(6 * 24.0).reshape(6, 24))
+    ours.gate_up_proj_scale = quantized_parameter(torch.arange(6 * 24.0).reshape(6, 24))
     state = ours.state_dict()
     torch.testing.assert_close(state["2.w3.weight_scale"], torch.arange(2 * 24 + 12.0, 3 * 24))
-    fresh.gate_up_proj_scale = frozen(torch.zeros(6, 24))
+    fresh.gate_up_proj_scale = quantized_parameter(torch.zeros(6, 24))
     fresh.load_state_dict(state)
     torch.testing.assert_close(fresh.gate_up_proj_scale, ours.gate_up_proj_scale, atol=0, rtol=0)
     incomplete = {k: v for k, v in state.items() if k != "5.w1.weight"}

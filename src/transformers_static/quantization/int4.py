@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .int8 import frozen
+from .int8 import quantized_parameter
 
 GROUP_SIZES = (32, 64, 128, 256)
 DEFAULT_GROUP_SIZE = 32
@@ -156,8 +156,12 @@ class Int4Linear(nn.Module):
             )
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         groups = in_features // group_size
-        self.weight = frozen(torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
-        self.scales_and_zeros = frozen(torch.zeros(groups, out_features, 2, dtype=SCALE_DTYPE, device=device))
+        self.weight = quantized_parameter(
+            torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device)
+        )
+        self.scales_and_zeros = quantized_parameter(
+            torch.zeros(groups, out_features, 2, dtype=SCALE_DTYPE, device=device)
+        )
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
         self.register_state_dict_post_hook(_saved_form)
         self.register_load_state_dict_pre_hook(_memory_form)

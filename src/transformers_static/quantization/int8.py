@@ -15,7 +15,7 @@ from ..linear_utils import linear
 INT8_MAX = 127
 
 
-def frozen(tensor: torch.Tensor) -> nn.Parameter:
+def quantized_parameter(tensor: torch.Tensor) -> nn.Parameter:
     """A quantized tensor as a parameter that takes no gradient. Parameters, not buffers: dynamo keeps a per-step
     guard on every buffer even when a generate call checks the guards in full at its first step only
     (`GuardsCheckedOnce`), ~1.1 ms a step for SmolLM2's 422 int8 tensors."""
@@ -44,8 +44,8 @@ class Int8Linear(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = frozen(torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
-        self.weight_scale = frozen(torch.ones(out_features, dtype=dtype, device=device))
+        self.weight = quantized_parameter(torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.weight_scale = quantized_parameter(torch.ones(out_features, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
 
     @classmethod
@@ -70,9 +70,9 @@ class Int8Linear(nn.Module):
 
 def quantize_experts(module: nn.Module, empty: bool = False) -> None:
     """Turn a mixture-of-experts module's stacked weights (`module.stacked_weights`: `[experts, out, in]`, or
-    `[experts, in, out]` when `module.transposed`) into int8 parameters (`frozen`) of the same shape, in place, each with a scale
-    per expert and output channel `<name>_scale` `[experts, out]` (model dtype): every expert's matrix quantized as
-    `quantize_weight` quantizes a linear layer's. `empty`: zeros and unit scales, for a checkpoint to load into."""
+    `[experts, in, out]` when `module.transposed`) into int8 parameters of the same shape, in place, each with a
+    scale per expert and output channel `<name>_scale` `[experts, out]` (model dtype): every expert's matrix
+    quantized as `quantize_weight` quantizes a linear layer's. `empty`: zeros and unit scales, for a checkpoint to load into."""
     in_dim = -2 if module.transposed else -1
     for name in module.stacked_weights:
         weight = getattr(module, name)
@@ -81,5 +81,5 @@ def quantize_experts(module: nn.Module, empty: bool = False) -> None:
             scale = torch.ones_like(weight.select(in_dim, 0))  # [experts, out]
         else:
             quantized, scale = quantize_weight(weight, weight.dtype, in_dim)
-        setattr(module, name, frozen(quantized))
-        setattr(module, f"{name}_scale", frozen(scale))
+        setattr(module, name, quantized_parameter(quantized))
+        setattr(module, f"{name}_scale", quantized_parameter(scale))
