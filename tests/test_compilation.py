@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import copy
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +24,10 @@ from transformers_static.attention_utils import attention_forward
 from transformers_static.cache_utils import DynamicCache
 from transformers_static.compile_regions import decoder_layers, default_strategy
 from transformers_static.generation.compilation import (
-    CPU_INDUCTOR,
     CPU_MAX_AUTOTUNE,
     FrozenWeights,
     compile_forward,
+    cpu_inductor_options,
 )
 
 from .models.causal_lm_tester import count_graphs
@@ -133,7 +136,7 @@ def test_full_on_cpu_compiles_the_step_with_inductors_cpp_wrapper(
 ) -> None:
     """compile="full" on CPU asks inductor for its C++ wrapper (the per-step Python glue between kernels gone); a real
     inductor compile of a tiny Llama gives eager's tokens. "regional" cannot (no invoke_subgraph in the C++ wrapper)
-    and does not ask; both drop inductor's per-call size asserts (CPU_INDUCTOR)."""
+    and does not ask; both drop inductor's per-call size asserts and name the vector width (cpu_inductor_options)."""
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -147,8 +150,41 @@ def test_full_on_cpu_compiles_the_step_with_inductors_cpp_wrapper(
         got = model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None, compile="full")
     finally:
         torch._dynamo.reset()
-    assert asked == [CPU_INDUCTOR, {**CPU_INDUCTOR, "cpp_wrapper": True}]
+    assert asked == [cpu_inductor_options(), {**cpu_inductor_options(), "cpp_wrapper": True}]
     assert torch.equal(got, expected)
+
+
+GENERATE_AND_COMPARE = """
+import sys, torch
+from transformers_static import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+ids = torch.tensor([[5, 9, 13, 17, 21, 25]])
+eager = model.generate(ids, max_new_tokens=8, eos_token_id=None)
+compiled = model.generate(ids, max_new_tokens=8, eos_token_id=None, compile=True)
+print("equal" if torch.equal(compiled, eager) else f"differ: {compiled.tolist()} against {eager.tolist()}")
+"""
+
+
+def test_a_compile_cache_shared_by_two_vector_isas_serves_each_its_own_code(tmp_path: Path) -> None:
+    """Two processes, one inductor cache directory: the first compiles generate's step with this host's vector ISA,
+    the second runs with a narrower one (`ATEN_CPU_CAPABILITY`, as another host would). Each gets eager's tokens:
+    the cache must not serve the second the first one's kernels (16 float lanes built for 8: NaN logits)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    narrower = {512: "avx2", 256: "default"}.get(pick_vec_isa().bit_width())
+    if narrower is None:
+        pytest.skip(f"no narrower x86 vector ISA to switch to from {pick_vec_isa()}")
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path / "model")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    for capability in (None, narrower):
+        run_env = env if capability is None else {**env, "ATEN_CPU_CAPABILITY": capability}
+        done = subprocess.run(
+            [sys.executable, "-c", GENERATE_AND_COMPARE, str(tmp_path / "model")],
+            env=run_env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == "equal", (capability, done.stdout)
 
 
 def _products(graph: torch.fx.GraphModule) -> tuple[int, int]:
@@ -207,7 +243,7 @@ def test_max_autotune_on_cpu_freezes_the_weights_and_refuses_a_change(
         for m, tokens in zip((model, other), expected, strict=True):
             got = m.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None, compile="max-autotune")
             assert torch.equal(got, tokens)
-        assert asked == [{**CPU_INDUCTOR, **CPU_MAX_AUTOTUNE}] * 2
+        assert asked == [{**cpu_inductor_options(), **CPU_MAX_AUTOTUNE}] * 2
         with torch.no_grad():
             model.lm_head.weight.neg_()
         fresh = model.generate(ids, attention_mask=mask, max_new_tokens=5, eos_token_id=None)

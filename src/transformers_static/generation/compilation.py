@@ -37,6 +37,16 @@ CPU_MAX_AUTOTUNE = {
 CPU_INDUCTOR = {"size_asserts": False}
 
 
+def cpu_inductor_options() -> dict[str, Any]:
+    """`CPU_INDUCTOR` and the vector width inductor picked for this process (`cpp.simdlen`, in bits; what it picks
+    anyway). Named in the options, the width is part of inductor's FX-graph cache key, which in torch 2.13 leaves the
+    ISA out: a cache directory shared between an AVX-512 and an AVX2 process (another host, `ATEN_CPU_CAPABILITY`)
+    served code generated for 16 float lanes to a build of 8, and generate returned NaN logits and garbage tokens."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return {**CPU_INDUCTOR, "cpp.simdlen": pick_vec_isa().bit_width()}
+
+
 def compile_forward(model: nn.Module, strategy: str, backend: str | Callable = "inductor") -> Callable[..., Any]:
     """`model.forward` compiled as one graph with `fullgraph=True, dynamic=False` (CUDA graphs through
     `mode="reduce-overhead"` / `"max-autotune"` on CUDA); "regional" compiles its decoder layers once
@@ -48,7 +58,7 @@ def compile_forward(model: nn.Module, strategy: str, backend: str | Callable = "
     cuda = model.device.type == "cuda"
     inductor_cpu = not cuda and backend == "inductor"
     mode = ("max-autotune" if strategy == "max-autotune" else "reduce-overhead") if cuda else None
-    options: dict[str, Any] = dict(CPU_INDUCTOR) if inductor_cpu else {}
+    options: dict[str, Any] = cpu_inductor_options() if inductor_cpu else {}
     if strategy == "max-autotune" and inductor_cpu:
         options.update(CPU_MAX_AUTOTUNE)
     elif strategy == "full" and inductor_cpu:
