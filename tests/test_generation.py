@@ -136,6 +136,21 @@ def test_user_static_cache_results_match_upstream(checkpoints: dict[str, Checkpo
     assert cache.key_cache[0][:3].abs().sum() > 0, "generation must write into the user's cache"
 
 
+def test_generates_own_cache_starts_each_call_from_zeros(llama) -> None:
+    """The cache generate reuses across calls of one bucket is zeroed at each call, as upstream's: what an earlier
+    call left in it (here NaN, as after an overflow) cannot reach a later call through a masked key (weight 0, and
+    0 * NaN is NaN)."""
+    ids, mask = generation_prompt(VOCAB)
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, eos_token_id=None)
+    expected = llama.generate(ids, **kwargs)
+    cache = llama._generation_cache[1]
+    for tensor in cache._buffers():
+        if tensor.is_floating_point():
+            tensor.fill_(float("nan"))
+    assert torch.equal(llama.generate(ids, **kwargs), expected)
+    assert llama._generation_cache[1] is cache  # the same cache, reused
+
+
 def eos_candidates(new_tokens: torch.Tensor) -> list[int]:
     """Per row, the first token that no other row generates before it (a row stops on it, alone)."""
     found = []

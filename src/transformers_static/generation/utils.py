@@ -390,8 +390,9 @@ class GenerationMixin:
         reused: str = "_generation_cache",
     ) -> StaticCache:
         """The user's cache if it fits, else one reused across calls of the same bucket (stable addresses for
-        compiled graphs; kept on the model as `reused`: a model drafting for itself keeps its draft cache apart),
-        else a new one of `config.static_cache_len(...)` slots."""
+        compiled graphs; kept on the model as `reused`: a model drafting for itself keeps its draft cache apart;
+        zeroed at each call, as upstream's, so that nothing an earlier call left, a NaN included, reaches a masked
+        key's zero weight), else a new one of `config.static_cache_len(...)` slots."""
         if cache is not None:
             needed = config.padded_prompt_len(prompt_len) + max_new_tokens
             if batch > cache.max_batch_size:
@@ -413,6 +414,8 @@ class GenerationMixin:
             )  # sliding-window rings with room for one prefill chunk
             cached = (key, cache)
             setattr(self, reused, cached)
+        else:
+            cached[1].reset()
         return cached[1]
 
     # ------------------------------------------------------------------ decode
