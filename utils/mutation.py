@@ -695,13 +695,6 @@ MUTANTS = (
         COMPILATION + "test_a_generate_call_checks_the_guards_at_its_first_step_only",
     ),
     mutant(
-        "cpu-compiles-leave-the-vector-width-out-of-the-cache-key",
-        "generation/compilation.py",
-        '    return {**CPU_INDUCTOR, "cpp.simdlen": pick_vec_isa().bit_width()}',
-        "    return dict(CPU_INDUCTOR)",
-        COMPILATION + "test_a_compile_cache_shared_by_two_vector_isas_serves_each_its_own_code",
-    ),
-    mutant(
         "grouped-mask-ignores-a-per-head-mask",
         "attention_utils.py",
         "    if mask_heads == 1:\n        return attention_mask.repeat(1, 1, n_rep, 1)",
