@@ -312,7 +312,7 @@ def test_a_generate_call_checks_the_guards_at_its_first_step_only(
 
 def test_quantized_weights_add_no_guard_to_the_relaxed_steps(tmp_path: Path) -> None:
     """The steps after a generate call's first evaluate only the guards that tell cached graphs apart, which dynamo
-    keeps for every tensor that is not a parameter: int8 and int4 weights and scales are (frozen) parameters, so
+    keeps for every tensor that is not a parameter: int8 and int4 weights and scales are parameters (no gradient), so
     their models keep the float model's set (no guard per quantized tensor per step)."""
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)

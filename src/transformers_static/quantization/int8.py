@@ -72,7 +72,8 @@ def quantize_experts(module: nn.Module, empty: bool = False) -> None:
     """Turn a mixture-of-experts module's stacked weights (`module.stacked_weights`: `[experts, out, in]`, or
     `[experts, in, out]` when `module.transposed`) into int8 parameters of the same shape, in place, each with a
     scale per expert and output channel `<name>_scale` `[experts, out]` (model dtype): every expert's matrix
-    quantized as `quantize_weight` quantizes a linear layer's. `empty`: zeros and unit scales, for a checkpoint to load into."""
+    quantized as `quantize_weight` quantizes a linear layer's. `empty`: zeros and unit scales, for a checkpoint to
+    load into."""
     in_dim = -2 if module.transposed else -1
     for name in module.stacked_weights:
         weight = getattr(module, name)
