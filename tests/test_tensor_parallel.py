@@ -295,6 +295,9 @@ def run_ranks(out: str, checkpoints: list[dict], refusals: dict[str, dict]) -> l
         while not context.join(timeout=5):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the tensor-parallel workers were still running after {TIMEOUT_S} s")
+    except mp.ProcessExitedException as err:  # say whether it died in the checks or after writing its results
+        written = [rank for rank in range(WORLD_SIZE) if os.path.exists(os.path.join(out, f"rank{rank}.json"))]
+        raise RuntimeError(f"{err} (ranks whose results were written: {written})") from err
     finally:
         for process in context.processes:
             if process.is_alive():

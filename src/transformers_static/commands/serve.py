@@ -92,13 +92,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     engine, name = build_engine(args)
     if args.tp:
-        from ..integrations.tensor_parallel import leave_at_once
+        from ..integrations.tensor_parallel import leave_together
         from ..serving.tensor_parallel import BroadcastForward, follow
 
         if torch.distributed.get_rank() != 0:  # the other ranks run rank 0's forwards until it stops
             signal.signal(signal.SIGTERM, lambda signum, frame: None)  # rank 0 decides when to stop
             follow(engine)
-            leave_at_once()
+            leave_together()
         engine.forward = BroadcastForward(engine)
     from ..serving.app import create_app
 
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=args.graceful_timeout)
     if args.tp:
-        torch.distributed.destroy_process_group()
+        leave_together()  # once the other ranks have seen the stop
     return 0
 
 

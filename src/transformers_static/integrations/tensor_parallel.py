@@ -34,12 +34,13 @@ safetensors files. docs/TENSOR_PARALLEL.md says why each choice was made.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
 Spans = tuple[tuple[int, int], ...]  # (start, stop) ranges of one dimension, concatenated in order
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_DONE_KEY = "transformers_static/done"  # rendezvous-store keys of the ranks that have left (`leave_together`)
 
 
 @dataclass(frozen=True)
@@ -134,22 +136,29 @@ def _init_process_group(backend: str) -> None:
         raise RuntimeError(f"could not form the {backend} process group from {env}: {err}") from err
 
 
-def leave_at_once() -> None:
-    """End a non-zero rank's process here, output flushed, without tearing down the process group: gloo's teardown
-    races rank 0's exit (rank 0 hosts the rendezvous store), and about one run in four died with "terminate called
-    without an active exception" (exit -6)."""
+def leave_together() -> NoReturn:
+    """End every rank's process here, after its last collective, without tearing gloo down: each rank other than 0
+    records in the rendezvous store that it is done and exits; rank 0 (the store's host) waits for those records,
+    then exits too. Output is flushed, exit status 0. A teardown (`destroy_process_group`, or the group's destructor
+    at interpreter exit) races the other ranks' exits: rank 1 died in it with "terminate called without an active
+    exception" (exit -6) about one run in four, and rank 0 once in CI (SIGABRT) after rank 1 had left."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    if rank != 0:
+        store.set(f"{_DONE_KEY}/{rank}", "")
+    else:
+        store.wait([f"{_DONE_KEY}/{other}" for other in range(1, world_size)])
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-def end_command() -> None:
-    """The end of a command run under torchrun: the ranks meet, the others leave (`leave_at_once`), rank 0 tears the
-    process group down."""
+def end_command() -> NoReturn:
+    """The end of a command run under torchrun: the ranks meet at a barrier, then leave together (`leave_together`);
+    it does not return."""
     dist.barrier()
-    if dist.get_rank() != 0:
-        leave_at_once()
-    dist.destroy_process_group()
+    leave_together()
 
 
 # ---------------------------------------------------------------------- plans
