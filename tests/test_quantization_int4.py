@@ -382,7 +382,8 @@ def test_every_architecture_quantizes_and_round_trips(
 
 def test_int4_compiles_with_inductor_inside_a_nested_region() -> None:
     """generate's regional compile puts each layer in a `nested_compile_region`; inductor's own lowering of the aten
-    kernel breaks there (its group-size constant is left unset), so the layer calls its opaque op."""
+    kernel breaks there (its group-size constant is left unset), so the layer calls the same kernel as
+    `quantized::int4mm_packed_weight_cpu`, an extern kernel to inductor."""
     torch.manual_seed(0)
     layer = Int4Linear.from_weight(torch.randn(32, 64), torch.randn(32))
     region = torch.compiler.nested_compile_region(lambda x: layer(x))
