@@ -27,7 +27,7 @@ test:
 
 # Each curated single-bug mutant of src/ must fail the tests selected for it (utils/mutation.py).
 mutation:
-	$(PY) utils/mutation.py
+	$(PY) utils/mutation.py $(MUTATION_FLAGS)
 
 # Each upstream/<name>/ PR: its test fails on the pinned upstream, its patch applies, its test then passes.
 stage:

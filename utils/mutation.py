@@ -3,6 +3,8 @@
 Usage:
     python utils/mutation.py                 baseline, then every mutant (2 at a time); exit 1 unless all caught
     python utils/mutation.py --only NAME ..  just those mutants (and the baseline of their tests)
+    python utils/mutation.py --after-tests   after the whole suite has passed on this tree (CI): the baseline runs
+                                             only the tests that mutants narrow with variables
     python utils/mutation.py --list          the mutants and their tests
 
 A mutant is a realistic bug: edits (file under src/transformers_static, an exact snippet of it, its replacement)
@@ -805,8 +807,11 @@ def run_mutant(mutant: Mutant) -> Outcome:
     return Outcome(mutant.name, mutant.tests, status, seconds, output)
 
 
-def run_baseline(mutants: tuple[Mutant, ...]) -> Outcome:
-    """Every selected test passes on an unmutated copy, and the copy is the package the tests import."""
+def run_baseline(mutants: tuple[Mutant, ...], after_tests: bool = False) -> Outcome:
+    """Every selected test passes on an unmutated copy, and the copy is the package the tests import. `after_tests`:
+    the whole suite has just passed on this tree, so only the tests that mutants narrow with variables run again."""
+    if after_tests:
+        mutants = tuple(m for m in mutants if m.env)
     tests = tuple(dict.fromkeys(test for m in mutants for test in m.tests))
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as scratch:
@@ -815,6 +820,8 @@ def run_baseline(mutants: tuple[Mutant, ...]) -> Outcome:
         env = {**os.environ, "PYTHONPATH": str(package.parent)}
         if subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, timeout=TIMEOUT_S).returncode:
             return Outcome("(baseline)", tests, "FAILED", time.monotonic() - start, "tests import another package")
+        if not tests:
+            return Outcome("(baseline: imports only)", tests, "passed", time.monotonic() - start)
         code, output = run_pytest(package.parent, tests, merged_env(mutants))
     status = "passed" if code == 0 else "FAILED"
     return Outcome("(baseline: no mutation)", tests, status, time.monotonic() - start, "" if code == 0 else output)
@@ -833,7 +840,8 @@ def report(outcomes: list[Outcome]) -> None:
     width = max(len(o.name) for o in outcomes)
     print(f"{'mutant':<{width}}  {'result':<17}  {'seconds':>7}  tests run")
     for o in outcomes:
-        tests = o.tests[0].removeprefix("tests/") + (f" (+{len(o.tests) - 1} more)" if len(o.tests) > 1 else "")
+        first = o.tests[0].removeprefix("tests/") if o.tests else "-"
+        tests = first + (f" (+{len(o.tests) - 1} more)" if len(o.tests) > 1 else "")
         print(f"{o.name:<{width}}  {o.status:<17}  {o.seconds:7.1f}  {tests}")
     for o in outcomes:
         if o.detail:
@@ -845,6 +853,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests")
     parser.add_argument("--jobs", type=int, default=JOBS, help=f"mutants run at once (default {JOBS})")
+    parser.add_argument(
+        "--after-tests",
+        action="store_true",
+        help="the whole suite has just passed on this tree (CI): the baseline reruns only variable-narrowed tests",
+    )
     args = parser.parse_args(argv)
     mutants = MUTANTS
     if args.only:
@@ -858,7 +871,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_baseline, mutants), *(pool.submit(run_mutant, m) for m in mutants)]
+        futures = [
+            pool.submit(run_baseline, mutants, args.after_tests),
+            *(pool.submit(run_mutant, m) for m in mutants),
+        ]
         outcomes = [future.result() for future in futures]
     report(outcomes)
     failed = [o for o in outcomes if o.status not in ("caught", "passed")]
