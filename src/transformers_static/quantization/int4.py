@@ -126,7 +126,7 @@ def int4_mm(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_and_z
     calls as an extern kernel: its lowering of `aten._weight_int4pack_mm_for_cpu` makes `group_size` a graph
     constant that a `nested_compile_region` (generate's regional compile) leaves unset (torch 2.13: "group size must
     be a scalar"), and a Python custom op around the aten op cost ~16 us a call (3.4 ms of SmolLM2's 13.3 ms step)."""
-    group = torch.full((), group_size, dtype=torch.int64)  # made in the graph: a tensor constant would be unset too
+    group = torch.full((), group_size, dtype=torch.int64)  # the op takes the group size as a tensor
     return torch.ops.quantized.int4mm_packed_weight_cpu(x, packed, group, scales_and_zeros)
 
 
