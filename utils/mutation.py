@@ -10,15 +10,18 @@ Usage:
 A mutant is a realistic bug: edits (file under src/transformers_static, an exact snippet of it, its replacement)
 and the tests that must catch it. Each runs on a scratch copy of src/: the snippet must occur exactly once, else
 the mutant "no longer applies" and that is a failure too (a refactor moved the code: update the mutant, don't drop
-it). Its tests then run in a subprocess (pytest -x, PYTHONPATH = the scratch src, a timeout) and must fail. First,
-the baseline: every selected test passes on an unmutated copy (so a mutant's failure is its own) and the copy is
-what the tests import. New features add their own mutants here. Stdlib only.
+it). Its tests then run (pytest -x, the scratch src first on the path, a timeout) in a fresh fork of a warm
+interpreter (ZYGOTE) and must fail. First, the baseline: every selected test passes on an unmutated copy (so a
+mutant's failure is its own) and the copy is what the tests import. New features add their own mutants here. Stdlib
+only (the zygote imports torch and pytest, in the .venv interpreter that runs this script).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -32,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = "transformers_static"
 TIMEOUT_S = 240
 JOBS = 2  # the CI machine has 2 cores
-PYTEST = ("-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
+PYTEST = ("-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
 CAUGHT_CODES = (1, 2)  # tests failed / errored; 4 (unknown node id) and 5 (nothing collected) are not a catch
 
 GEN, MASKS, CACHE, ATTN = "generation/utils.py", "modeling_attn_mask_utils.py", "cache_utils.py", "attention_utils.py"
@@ -777,27 +780,121 @@ def apply(package: Path, edits: tuple[Edit, ...]) -> str:
     return ""
 
 
-def run_pytest(src: Path, tests: tuple[str, ...], extra_env: dict[str, str]) -> tuple[int | None, str]:
-    """(exit code, or None on timeout; the output's tail) of pytest on `tests` with `src` first on the path."""
-    env = {**os.environ, **extra_env, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
-    env.update(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")  # the parallel jobs share the cores
-    try:
-        proc = subprocess.run(
-            [sys.executable, *PYTEST, *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+# A warm process per job slot: it imports what every selected test imports (torch, pytest, upstream's model
+# machinery; ~6.5 s a process here) but never transformers_static, then forks a child for each run, which puts the
+# scratch src first on its path. Each child is as fresh as a new interpreter, without paying for the imports again
+# (87 runs: ~4 minutes of the 2-core CI machine). One child at a time, no threads: forking is safe.
+ZYGOTE = r"""
+import json, os, signal, sys, time
+import pytest, torch, transformers
+from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel, modeling_utils
+
+for line in sys.stdin:
+    job = json.loads(line)
+    with open(job["log"], "wb") as log:
+        pid = os.fork()
+        if pid == 0:  # the child: its own process group (a timeout kills its subprocesses too), output to the log
+            os.setpgid(0, 0)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the job lines are the zygote's alone
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            os.environ.update(job["env"])
+            sys.path.insert(0, job["src"])
+            code = 3
+            try:
+                if job["pytest"] is not None:
+                    code = pytest.main(job["pytest"])
+                else:
+                    exec(job["code"])
+                    code = 0
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+            finally:  # atexit handlers (inductor's compile workers) run, then nothing of the zygote's loop does
+                import atexit
+                atexit._run_exitfuncs()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(int(code))
+    deadline = time.monotonic() + job["timeout"]
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:  # whatever the child left running, and the child itself on a timeout
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    status = done[1] if done[0] else os.waitpid(pid, 0)[1]
+    timed_out = done[0] == 0
+    print(json.dumps(None if timed_out else os.waitstatus_to_exitcode(status)), flush=True)
+"""
+
+
+class Zygote:
+    """A warm interpreter (ZYGOTE) that runs one job at a time in a fresh fork."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}  # the jobs share the cores
+        env.pop("PYTHONPATH", None)  # nothing of transformers_static may be importable before the scratch copy
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
-    except subprocess.TimeoutExpired:
-        return None, ""
-    return proc.returncode, (proc.stdout + proc.stderr)[-2000:]
+
+    def run(
+        self, src: Path, env: dict[str, str], pytest_args: list[str] | None, code: str = ""
+    ) -> tuple[int | None, str]:
+        """(exit code, or None on timeout; the output's tail) of pytest (or `code`) with `src` first on the path."""
+        path = os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH", "")]))
+        with tempfile.NamedTemporaryFile(suffix=".log") as log:
+            job = {"src": str(src), "env": {**env, "PYTHONPATH": path}, "pytest": pytest_args, "code": code}
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(json.dumps({**job, "log": log.name, "timeout": TIMEOUT_S}) + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+            if not answer:
+                raise RuntimeError(f"the mutation zygote exited with code {self.proc.wait()}")
+            output = Path(log.name).read_text(encoding="utf-8", errors="replace")
+        return json.loads(answer), output[-2000:]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
-def run_mutant(mutant: Mutant) -> Outcome:
+class Zygotes:
+    """One zygote per job slot, handed to whichever job runs next."""
+
+    def __init__(self, jobs: int) -> None:
+        self.free: queue.Queue[Zygote] = queue.Queue()
+        for _ in range(jobs):
+            self.free.put(Zygote())
+
+    def run(
+        self, src: Path, env: dict[str, str], pytest_args: list[str] | None, code: str = ""
+    ) -> tuple[int | None, str]:
+        zygote = self.free.get()
+        try:
+            return zygote.run(src, env, pytest_args, code)
+        finally:
+            self.free.put(zygote)
+
+    def close(self) -> None:
+        while not self.free.empty():
+            self.free.get().close()
+
+
+def run_pytest(zygotes: Zygotes, src: Path, tests: tuple[str, ...], env: dict[str, str]) -> tuple[int | None, str]:
+    """(exit code, or None on timeout; the output's tail) of pytest on `tests` with `src` first on the path."""
+    return zygotes.run(src, env, [*PYTEST, *tests])
+
+
+def run_mutant(zygotes: Zygotes, mutant: Mutant) -> Outcome:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as scratch:
         package = scratch_copy(Path(scratch))
         problem = apply(package, mutant.edits)
         if problem:
             return Outcome(mutant.name, mutant.tests, "NO LONGER APPLIES", time.monotonic() - start, problem)
-        code, output = run_pytest(package.parent, mutant.tests, dict(mutant.env))
+        code, output = run_pytest(zygotes, package.parent, mutant.tests, dict(mutant.env))
     seconds = time.monotonic() - start
     if code is None:
         return Outcome(mutant.name, mutant.tests, "TIMEOUT", seconds, f"over {TIMEOUT_S} s")
@@ -807,7 +904,7 @@ def run_mutant(mutant: Mutant) -> Outcome:
     return Outcome(mutant.name, mutant.tests, status, seconds, output)
 
 
-def run_baseline(mutants: tuple[Mutant, ...], after_tests: bool = False) -> Outcome:
+def run_baseline(zygotes: Zygotes, mutants: tuple[Mutant, ...], after_tests: bool = False) -> Outcome:
     """Every selected test passes on an unmutated copy, and the copy is the package the tests import. `after_tests`:
     the whole suite has just passed on this tree, so only the tests that mutants narrow with variables run again."""
     if after_tests:
@@ -817,12 +914,11 @@ def run_baseline(mutants: tuple[Mutant, ...], after_tests: bool = False) -> Outc
     with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as scratch:
         package = scratch_copy(Path(scratch))
         check = f"import {PKG}, sys; sys.exit({PKG}.__file__ != {str(package / '__init__.py')!r})"
-        env = {**os.environ, "PYTHONPATH": str(package.parent)}
-        if subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, timeout=TIMEOUT_S).returncode:
+        if zygotes.run(package.parent, {}, None, check)[0] != 0:
             return Outcome("(baseline)", tests, "FAILED", time.monotonic() - start, "tests import another package")
         if not tests:
             return Outcome("(baseline: imports only)", tests, "passed", time.monotonic() - start)
-        code, output = run_pytest(package.parent, tests, merged_env(mutants))
+        code, output = run_pytest(zygotes, package.parent, tests, merged_env(mutants))
     status = "passed" if code == 0 else "FAILED"
     return Outcome("(baseline: no mutation)", tests, status, time.monotonic() - start, "" if code == 0 else output)
 
@@ -870,12 +966,16 @@ def main(argv: list[str] | None = None) -> int:
             print(m.name, *(f"    {t}" for t in m.tests), sep="\n")
         return 0
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [
-            pool.submit(run_baseline, mutants, args.after_tests),
-            *(pool.submit(run_mutant, m) for m in mutants),
-        ]
-        outcomes = [future.result() for future in futures]
+    zygotes = Zygotes(args.jobs)
+    try:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [
+                pool.submit(run_baseline, zygotes, mutants, args.after_tests),
+                *(pool.submit(run_mutant, zygotes, m) for m in mutants),
+            ]
+            outcomes = [future.result() for future in futures]
+    finally:
+        zygotes.close()
     report(outcomes)
     failed = [o for o in outcomes if o.status not in ("caught", "passed")]
     verdict = f"{len(failed)} problem(s)" if failed else "ok"
