@@ -186,26 +186,6 @@ def test_a_compile_cache_shared_by_two_vector_isas_serves_each_its_own_code(
     assert misses == [1, 1]
 
 
-def test_int8_compiled_for_vectors_narrower_than_avx512_warns(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Compiling int8 weights for 256-bit vectors (AVX2) warns that the float model is faster there; 512-bit
-    vectors, or float weights, do not."""
-    import transformers_static.generation.compilation as compilation
-
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(CONFIGS["llama"]).save_pretrained(tmp_path)
-    models = {q: AutoModelForCausalLM.from_pretrained(tmp_path, quantization=q) for q in (None, "int8")}
-    warned = {}
-    for simdlen in (256, 512):
-        monkeypatch.setattr(compilation, "cpu_inductor_options", lambda s=simdlen: {"cpp.simdlen": s})
-        for quantization, model in models.items():
-            caplog.clear()
-            compile_forward(model, "regional")  # torch.compile is lazy: nothing compiles here
-            warned[simdlen, quantization] = "no AVX-512" in caplog.text
-    assert warned == {(256, None): False, (256, "int8"): True, (512, None): False, (512, "int8"): False}
-
-
 def _products(graph: torch.fx.GraphModule) -> tuple[int, int]:
     """(matrix products, float reductions over a weight) in a traced graph; decode attention's reductions (over
     grouped heads, 5-D) are not counted."""

@@ -547,6 +547,20 @@ MUTANTS = (
         "tests/test_quantization.py::test_quantize_weight_is_symmetric_per_output_channel",
     ),
     mutant(
+        "int8pack-takes-every-input-width",
+        "linear_utils.py",
+        "        and weight.shape[1] % INT8PACK_IN_MULTIPLE == 0\n",
+        "",
+        "tests/test_quantization_kernels.py::test_narrow_vectors_keep_the_reduction_for_widths_aten_int8_kernel_gets_wrong",
+    ),
+    mutant(
+        "int8pack-unscaled",
+        "linear_utils.py",
+        "            y = y.reshape(*x.shape[:-1], -1).float()  # [..., 1, out], scaled below as the reductions are\n",
+        "            return y.reshape(*x.shape[:-1], -1).to(x.dtype)\n",
+        "tests/test_quantization_kernels.py::test_narrow_vectors_send_int8_decode_rows_to_aten_int8_kernel",
+    ),
+    mutant(
         "int8-conv1d-left-float",
         "quantization/__init__.py",
         'if layout not in ("out_in", "in_out"):',

@@ -4,7 +4,6 @@ inline ("full"), or inline with the weights frozen into the graph and the GEMM k
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -15,8 +14,6 @@ from torch import nn
 
 from ..compile_regions import default_strategy, whole_graph
 from ..linear_utils import gemm_templates
-
-logger = logging.getLogger(__name__)
 
 COMPILE_OPTIONS = {"fullgraph": True, "dynamic": False}
 STRATEGIES = ("full", "regional", "max-autotune")
@@ -50,19 +47,6 @@ def cpu_inductor_options() -> dict[str, Any]:
     return {**CPU_INDUCTOR, "cpp.simdlen": pick_vec_isa().bit_width()}
 
 
-def warn_if_int8_is_slow_here(model: nn.Module, simdlen: int) -> None:
-    """A warning where compiled int8 decode is slower than the float model: with vectors narrower than 512 bits
-    (AVX2), inductor loads 8 int8 weights at a time through at::vec's partial load, which copies them into a
-    32-byte buffer first (SmolLM2 int8 b1 under ATEN_CPU_CAPABILITY=avx2: 99 ms a step against fp32's 20.7)."""
-    if simdlen < 512 and any(p.dtype == torch.int8 for p in model.parameters()):
-        logger.warning(
-            "int8 weights compiled for %d-bit vectors (no AVX-512): inductor's int8 decode products load their "
-            "weights 8 bytes at a time through a copy here and run several times slower than the float model "
-            "(measured 5x under AVX2); on this CPU keep the float (or bfloat16) weights for speed",
-            simdlen,
-        )
-
-
 def compile_forward(model: nn.Module, strategy: str, backend: str | Callable = "inductor") -> Callable[..., Any]:
     """`model.forward` compiled as one graph with `fullgraph=True, dynamic=False` (CUDA graphs through
     `mode="reduce-overhead"` / `"max-autotune"` on CUDA); "regional" compiles its decoder layers once
@@ -75,8 +59,6 @@ def compile_forward(model: nn.Module, strategy: str, backend: str | Callable = "
     inductor_cpu = not cuda and backend == "inductor"
     mode = ("max-autotune" if strategy == "max-autotune" else "reduce-overhead") if cuda else None
     options: dict[str, Any] = cpu_inductor_options() if inductor_cpu else {}
-    if inductor_cpu:
-        warn_if_int8_is_slow_here(model, options["cpp.simdlen"])
     if strategy == "max-autotune" and inductor_cpu:
         options.update(CPU_MAX_AUTOTUNE)
     elif strategy == "full" and inductor_cpu:
