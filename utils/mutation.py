@@ -527,8 +527,8 @@ MUTANTS = (
     mutant(
         "rows-as-one-broadcast-product",
         "linear_utils.py",
-        "        if 1 < rows <= MAX_UNROLLED_ROWS:",
-        "        if False:",
+        "        elif 1 < rows <= MAX_UNROLLED_ROWS:",
+        "        elif False:",
         "tests/test_linear_utils.py::test_int8_decode_rows_are_one_reduction_each",
         "tests/test_linear_utils.py::test_float_decode_rows_are_one_reduction_each[2]",
     ),
