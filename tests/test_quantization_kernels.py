@@ -5,6 +5,7 @@ on bfloat16 activations; those tests force that choice, so they run on every hos
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,14 @@ from torch._inductor.utils import fresh_cache, run_and_get_code
 
 from transformers_static import AutoModelForCausalLM, linear_utils
 from transformers_static.generation.compilation import compile_forward
-from transformers_static.linear_utils import linear
+from transformers_static.linear_utils import linear, narrow_cpu_vectors  # the real one: conftest pins a stand-in
 from transformers_static.quantization import Int8Linear
 
 INT8PACK = torch.ops.aten._weight_int8pack_mm.default
 
 
 @pytest.fixture
-def narrow_vectors(monkeypatch: pytest.MonkeyPatch) -> None:
+def narrow_vectors(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """As on an AVX2 host (the tests' conftest pins 512 bits)."""
     monkeypatch.setattr(linear_utils, "narrow_cpu_vectors", lambda: True)
     torch._dynamo.reset()
@@ -40,6 +41,17 @@ def int8pack_calls(graph: torch.fx.GraphModule) -> int:
         if isinstance(module, torch.fx.GraphModule)
         for node in module.graph.nodes
     )
+
+
+def test_narrow_vectors_are_what_inductor_picks_under_512_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice follows inductor's vector width, which `ATEN_CPU_CAPABILITY` narrows as another host would."""
+    widest = cpu_vec_isa.pick_vec_isa().bit_width()
+    if widest == 0:
+        pytest.skip("inductor finds no vector ISA on this CPU")
+    assert narrow_cpu_vectors() == (widest < 512)
+    if widest >= 512:
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+        assert cpu_vec_isa.pick_vec_isa().bit_width() == 256 and narrow_cpu_vectors()
 
 
 @pytest.mark.parametrize("rows", [1, 3])

@@ -554,6 +554,13 @@ MUTANTS = (
         "tests/test_quantization_kernels.py::test_narrow_vectors_keep_the_reduction_for_widths_aten_int8_kernel_gets_wrong",
     ),
     mutant(
+        "narrow-vectors-include-512",
+        "linear_utils.py",
+        "return pick_vec_isa().bit_width() < 512",
+        "return pick_vec_isa().bit_width() <= 512",
+        "tests/test_quantization_kernels.py::test_narrow_vectors_are_what_inductor_picks_under_512_bits",
+    ),
+    mutant(
         "int8pack-unscaled",
         "linear_utils.py",
         "            y = y.reshape(*x.shape[:-1], -1).float()  # [..., 1, out], scaled below as the reductions are\n",
