@@ -6,6 +6,7 @@ Compiled with backend="eager": what matters is how many graphs dynamo makes, wha
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 from pathlib import Path
 
@@ -18,14 +19,20 @@ from torch._dynamo.testing import EagerAndRecordGraphs
 
 from transformers_static import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, StaticCache
 from transformers_static.attention_utils import attention_forward
-from transformers_static.cache_utils import DynamicCache
-from transformers_static.compile_regions import decoder_layers, default_strategy
+from transformers_static.cache_utils import DynamicCache, RecurrentLayerCache, StaticLayerCache
+from transformers_static.compile_regions import (
+    decoder_layers,
+    default_strategy,
+    flatten_layer_args,
+    unflatten_layer_args,
+)
 from transformers_static.generation.compilation import (
     CPU_MAX_AUTOTUNE,
     FrozenWeights,
     compile_forward,
     cpu_inductor_options,
 )
+from transformers_static.modeling_inputs import AttentionInputs
 
 from .models.causal_lm_tester import count_graphs
 
@@ -97,6 +104,71 @@ def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) ->
         (type(slot), *(t.shape for t in pytree.tree_leaves(slot)), getattr(slot, "window", None)) for slot in slots
     }
     assert len({node.args[0].target for node in calls}) == len(layouts)  # one body per slot layout (qwen2: 2)
+
+
+def test_layer_regions_are_matched_by_flat_arguments(arch: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo matches each layer's region call to the body it traced by the call's flattened inputs. The layers hand
+    their arguments over already flat (`flatten_layer_args`), so dynamo never traces pytree's flatten for them
+    (~75-170 ms a layer: ~2.5 s of SmolLM2's first call); a recurrent layer's slot (qwen3_5) keeps that path."""
+    from torch._dynamo.variables import invoke_subgraph
+
+    name, path = arch
+    flattened = []
+    pytree_fingerprint = invoke_subgraph.build_fingerprint_with_pytree
+    monkeypatch.setattr(
+        invoke_subgraph,
+        "build_fingerprint_with_pytree",
+        lambda *args: flattened.append(args) or pytree_fingerprint(*args),
+    )
+    model = AutoModelForCausalLM.from_pretrained(path)
+    (ids, mask), n = left_padded(2, 7, 0), 3
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=n, eos_token_id=None)
+    torch._dynamo.reset()
+    model._compiled_forwards = {"regional": compile_forward(model, "regional", backend="eager")}
+    try:
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=n, eos_token_id=None, compile="regional")
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got, expected)
+    cache = model._generation_cache[1]
+    recurrent = [i for i in range(model.config.num_hidden_layers) if isinstance(cache.layer(i), RecurrentLayerCache)]
+    assert bool(flattened) == bool(recurrent) == (name == "qwen3_5")
+
+
+def test_layer_arguments_flatten_to_leaves_and_back() -> None:
+    """Every field of AttentionInputs (a new field must be flattened too), its slot and masks, the rotary tuple and
+    None come back as the same tensors and constants; what cannot be flattened so is left to pytree."""
+    slot = StaticLayerCache(torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), window=3)
+    masks = {"full_attention": torch.ones(1, 1, 1, 4, dtype=torch.bool), "sliding_attention": torch.zeros(1, 1, 1, 3)}
+    values = {
+        "masks": masks,
+        "position_ids": torch.tensor([[3]]),
+        "cache_position": torch.tensor([3]),
+        "past_key_values": slot,
+        "key_positions": torch.arange(4)[None],
+    }
+    inputs = AttentionInputs(**{field.name: values[field.name] for field in dataclasses.fields(AttentionInputs)})
+    hidden, cos, sin = torch.randn(1, 1, 32), torch.randn(1, 1, 8), torch.randn(1, 1, 8)
+    for args in [(hidden, (cos, sin), inputs), (hidden, None, inputs), (hidden, inputs)]:
+        leaves = flatten_layer_args(args)
+        assert all(leaf is None or isinstance(leaf, (torch.Tensor, int, str)) for leaf in leaves)
+        rebuilt = unflatten_layer_args(leaves)
+        assert len(rebuilt) == len(args)
+        for got, want in zip(rebuilt, args, strict=True):
+            if isinstance(want, AttentionInputs):
+                assert list(got.masks) == list(masks) and all(got.masks[k] is m for k, m in masks.items())
+                got_slot = got.past_key_values
+                assert (got_slot.keys, got_slot.values, got_slot.window) == (slot.keys, slot.values, 3)
+                for field in dataclasses.fields(AttentionInputs):
+                    if field.name not in ("masks", "past_key_values"):
+                        assert getattr(got, field.name) is values[field.name]
+            elif isinstance(want, tuple):
+                assert len(got) == 2 and got[0] is cos and got[1] is sin
+            else:
+                assert got is want
+    recurrent = dataclasses.replace(inputs, past_key_values=RecurrentLayerCache({"state": torch.zeros(1, 4)}))
+    assert flatten_layer_args((hidden, None, recurrent)) is None
+    assert flatten_layer_args((hidden, [cos, sin], inputs)) is None
 
 
 def test_a_users_own_compile_of_the_forward_is_regional(arch: tuple[str, Path]) -> None:

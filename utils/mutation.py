@@ -691,6 +691,20 @@ MUTANTS = (
         "    if _regions_on and torch.compiler.is_compiling() and False:",
         COMPILATION + "test_a_users_own_compile_of_the_forward_is_regional[llama]",
     ),
+    mutant(
+        "region-arguments-flattened-by-pytree",
+        "compile_regions.py",
+        "        leaves = None if kwargs else flatten_layer_args(args)",
+        "        leaves = None",
+        COMPILATION + "test_layer_regions_are_matched_by_flat_arguments[llama]",
+    ),
+    mutant(
+        "flat-region-drops-key-positions",
+        "compile_regions.py",
+        "args.append(AttentionInputs(masks, position_ids, cache_position, slot, key_positions))",
+        "args.append(AttentionInputs(masks, position_ids, cache_position, slot, None))",
+        COMPILATION + "test_layer_arguments_flatten_to_leaves_and_back",
+    ),
     # --- max-autotune and the guards (issue 27)
     mutant(
         "frozen-weights-miss-in-place-changes",
