@@ -108,11 +108,11 @@ def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) ->
 
 def test_layer_regions_are_matched_by_flat_arguments(arch: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Dynamo matches each layer's region call to the body it traced by the call's flattened inputs. The layers hand
-    their arguments over already flat (`flatten_layer_args`), so dynamo never traces pytree's flatten for them
-    (~75-170 ms a layer: ~2.5 s of SmolLM2's first call); a recurrent layer's slot (qwen3_5) keeps that path."""
+    their arguments over already flat (`flatten_layer_args`), with their key/value slots or recurrent states, so
+    dynamo never traces pytree's flatten for them (~75-170 ms a layer: ~2.5 s of SmolLM2's first call)."""
     from torch._dynamo.variables import invoke_subgraph
 
-    name, path = arch
+    _, path = arch
     flattened = []
     pytree_fingerprint = invoke_subgraph.build_fingerprint_with_pytree
     monkeypatch.setattr(
@@ -130,14 +130,13 @@ def test_layer_regions_are_matched_by_flat_arguments(arch: tuple[str, Path], mon
     finally:
         torch._dynamo.reset()
     assert torch.equal(got, expected)
-    cache = model._generation_cache[1]
-    recurrent = [i for i in range(model.config.num_hidden_layers) if isinstance(cache.layer(i), RecurrentLayerCache)]
-    assert bool(flattened) == bool(recurrent) == (name == "qwen3_5")
+    assert flattened == []
 
 
 def test_layer_arguments_flatten_to_leaves_and_back() -> None:
-    """Every field of AttentionInputs (a new field must be flattened too), its slot and masks, the rotary tuple and
-    None come back as the same tensors and constants; what cannot be flattened so is left to pytree."""
+    """Every field of AttentionInputs (a new field must be flattened too), its slot (key/value or recurrent states)
+    and masks, the rotary tuple and None come back as the same tensors and constants; what cannot be flattened so is
+    left to pytree."""
     slot = StaticLayerCache(torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), window=3)
     masks = {"full_attention": torch.ones(1, 1, 1, 4, dtype=torch.bool), "sliding_attention": torch.zeros(1, 1, 1, 3)}
     values = {
@@ -166,9 +165,14 @@ def test_layer_arguments_flatten_to_leaves_and_back() -> None:
                 assert len(got) == 2 and got[0] is cos and got[1] is sin
             else:
                 assert got is want
-    recurrent = dataclasses.replace(inputs, past_key_values=RecurrentLayerCache({"state": torch.zeros(1, 4)}))
-    assert flatten_layer_args((hidden, None, recurrent)) is None
+    states = {"conv": torch.zeros(1, 4, 3), "recurrent": torch.zeros(1, 2, 4, 4)}
+    recurrent = dataclasses.replace(inputs, past_key_values=RecurrentLayerCache(states))
+    (got,) = unflatten_layer_args(flatten_layer_args((recurrent,)))
+    rebuilt_states = got.past_key_values.layer_states
+    assert list(rebuilt_states) == list(states) and all(rebuilt_states[k] is t for k, t in states.items())
+    assert got.position_ids is values["position_ids"] and got.key_positions is values["key_positions"]
     assert flatten_layer_args((hidden, [cos, sin], inputs)) is None
+    assert flatten_layer_args((hidden, dataclasses.replace(inputs, past_key_values=None))) is None
 
 
 def test_a_users_own_compile_of_the_forward_is_regional(arch: tuple[str, Path]) -> None:

@@ -139,14 +139,14 @@ def _with_slot(value: Any, slot: StaticLayerCache | RecurrentLayerCache) -> Any:
     return value
 
 
-# How `flatten_layer_args` tags each argument (a constant leaf before the argument's own leaves).
-_TENSOR, _NONE, _TUPLE, _INPUTS = "tensor", "none", "tuple", "inputs"
+# How `flatten_layer_args` tags each argument (a constant leaf before the argument's own leaves), and the slot kinds.
+_TENSOR, _NONE, _TUPLE, _INPUTS, _SLOT, _STATES = "tensor", "none", "tuple", "inputs", "slot", "states"
 
 
 def flatten_layer_args(args: tuple[Any, ...]) -> list[Any] | None:
     """A decoder layer's positional arguments as flat leaves (tensors, and constants that say how to rebuild them),
     or None where an argument is of another kind. Tensors, None, tuples of tensors and AttentionInputs holding a
-    StaticLayerCache slot are flattened; anything else (a recurrent layer's slot) keeps the pytree path.
+    layer's slot (StaticLayerCache, or RecurrentLayerCache) are flattened; anything else keeps the pytree path.
 
     Why: dynamo matches a region call to the body it already traced by the call's flattened inputs, and flattens
     anything but plain leaves by tracing pytree's flatten, ~75-170 ms a call (SmolLM2's 30 layers: ~2.5 s of a
@@ -159,12 +159,19 @@ def flatten_layer_args(args: tuple[Any, ...]) -> list[Any] | None:
             leaves.append(_NONE)
         elif isinstance(arg, tuple) and all(isinstance(item, torch.Tensor) for item in arg):
             leaves += [_TUPLE, len(arg), *arg]
-        elif isinstance(arg, AttentionInputs) and isinstance(arg.past_key_values, StaticLayerCache):
+        elif isinstance(arg, AttentionInputs) and isinstance(
+            arg.past_key_values, (StaticLayerCache, RecurrentLayerCache)
+        ):
             if not all(isinstance(mask, torch.Tensor) for mask in arg.masks.values()):
                 return None
-            slot = arg.past_key_values
             leaves += [_INPUTS, len(arg.masks), *(item for pair in arg.masks.items() for item in pair)]
-            leaves += [arg.position_ids, arg.cache_position, slot.keys, slot.values, slot.window, arg.key_positions]
+            leaves += [arg.position_ids, arg.cache_position, arg.key_positions]
+            slot = arg.past_key_values
+            if isinstance(slot, StaticLayerCache):
+                leaves += [_SLOT, slot.keys, slot.values, slot.window]
+            else:
+                states = slot.layer_states
+                leaves += [_STATES, len(states), *(item for pair in states.items() for item in pair)]
         else:
             return None
     return leaves
@@ -191,10 +198,17 @@ def unflatten_layer_args(leaves: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]
             at += 2
             masks = {leaves[at + 2 * i]: leaves[at + 2 * i + 1] for i in range(count)}
             at += 2 * count
-            position_ids, cache_position, keys, values, window, key_positions = leaves[at : at + 6]
-            slot = StaticLayerCache(keys, values, window)
+            position_ids, cache_position, key_positions = leaves[at : at + 3]
+            at += 3
+            slot: StaticLayerCache | RecurrentLayerCache
+            if leaves[at] == _SLOT:
+                slot = StaticLayerCache(*leaves[at + 1 : at + 4])
+                at += 4
+            else:
+                count = leaves[at + 1]
+                slot = RecurrentLayerCache({leaves[at + 2 + 2 * i]: leaves[at + 3 + 2 * i] for i in range(count)})
+                at += 2 + 2 * count
             args.append(AttentionInputs(masks, position_ids, cache_position, slot, key_positions))
-            at += 6
     return tuple(args)
 
 
