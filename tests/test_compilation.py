@@ -135,8 +135,8 @@ def test_layer_regions_are_matched_by_flat_arguments(arch: tuple[str, Path], mon
 
 def test_layer_arguments_flatten_to_leaves_and_back() -> None:
     """Every field of AttentionInputs (a new field must be flattened too), its slot (key/value or recurrent states)
-    and masks, the rotary tuple and None come back as the same tensors and constants; what cannot be flattened so is
-    left to pytree."""
+    and masks, the rotary tuple, None and keyword arguments come back as the same tensors and constants; what cannot
+    be flattened so is left to pytree."""
     slot = StaticLayerCache(torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), window=3)
     masks = {"full_attention": torch.ones(1, 1, 1, 4, dtype=torch.bool), "sliding_attention": torch.zeros(1, 1, 1, 3)}
     values = {
@@ -148,12 +148,19 @@ def test_layer_arguments_flatten_to_leaves_and_back() -> None:
     }
     inputs = AttentionInputs(**{field.name: values[field.name] for field in dataclasses.fields(AttentionInputs)})
     hidden, cos, sin = torch.randn(1, 1, 32), torch.randn(1, 1, 8), torch.randn(1, 1, 8)
-    for args in [(hidden, (cos, sin), inputs), (hidden, None, inputs), (hidden, inputs)]:
-        leaves = flatten_layer_args(args)
+    shared = (torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8))
+    calls = [
+        ((hidden, (cos, sin), inputs), {}),
+        ((hidden, None, inputs), {}),
+        ((hidden, inputs), {}),
+        ((hidden, (cos, sin), None, inputs), {"shared_key_value": shared, "other": None}),  # Gemma 4's call
+    ]
+    for args, kwargs in calls:
+        leaves = flatten_layer_args(args, kwargs)
         assert all(leaf is None or isinstance(leaf, (torch.Tensor, int, str)) for leaf in leaves)
-        rebuilt = unflatten_layer_args(leaves)
-        assert len(rebuilt) == len(args)
-        for got, want in zip(rebuilt, args, strict=True):
+        rebuilt, rebuilt_kwargs = unflatten_layer_args(leaves)
+        assert len(rebuilt) == len(args) and list(rebuilt_kwargs) == list(kwargs)
+        for got, want in zip((*rebuilt, *rebuilt_kwargs.values()), (*args, *kwargs.values()), strict=True):
             if isinstance(want, AttentionInputs):
                 assert list(got.masks) == list(masks) and all(got.masks[k] is m for k, m in masks.items())
                 got_slot = got.past_key_values
@@ -162,17 +169,18 @@ def test_layer_arguments_flatten_to_leaves_and_back() -> None:
                     if field.name not in ("masks", "past_key_values"):
                         assert getattr(got, field.name) is values[field.name]
             elif isinstance(want, tuple):
-                assert len(got) == 2 and got[0] is cos and got[1] is sin
+                assert len(got) == len(want) and all(a is b for a, b in zip(got, want, strict=True))
             else:
                 assert got is want
     states = {"conv": torch.zeros(1, 4, 3), "recurrent": torch.zeros(1, 2, 4, 4)}
     recurrent = dataclasses.replace(inputs, past_key_values=RecurrentLayerCache(states))
-    (got,) = unflatten_layer_args(flatten_layer_args((recurrent,)))
+    (got,), _ = unflatten_layer_args(flatten_layer_args((recurrent,), {}))
     rebuilt_states = got.past_key_values.layer_states
     assert list(rebuilt_states) == list(states) and all(rebuilt_states[k] is t for k, t in states.items())
     assert got.position_ids is values["position_ids"] and got.key_positions is values["key_positions"]
-    assert flatten_layer_args((hidden, [cos, sin], inputs)) is None
-    assert flatten_layer_args((hidden, dataclasses.replace(inputs, past_key_values=None))) is None
+    assert flatten_layer_args((hidden, [cos, sin], inputs), {}) is None
+    assert flatten_layer_args((hidden, dataclasses.replace(inputs, past_key_values=None)), {}) is None
+    assert flatten_layer_args((hidden, inputs), {"scale": 0.5}) is None
 
 
 def test_a_users_own_compile_of_the_forward_is_regional(arch: tuple[str, Path]) -> None:

@@ -694,15 +694,15 @@ MUTANTS = (
     mutant(
         "region-arguments-flattened-by-pytree",
         "compile_regions.py",
-        "        leaves = None if kwargs else flatten_layer_args(args)",
+        "        leaves = flatten_layer_args(args, kwargs)",
         "        leaves = None",
         COMPILATION + "test_layer_regions_are_matched_by_flat_arguments[llama]",
     ),
     mutant(
         "flat-region-drops-key-positions",
         "compile_regions.py",
-        "args.append(AttentionInputs(masks, position_ids, cache_position, slot, key_positions))",
-        "args.append(AttentionInputs(masks, position_ids, cache_position, slot, None))",
+        "return AttentionInputs(masks, position_ids, cache_position, slot, key_positions), at",
+        "return AttentionInputs(masks, position_ids, cache_position, slot, None), at",
         COMPILATION + "test_layer_arguments_flatten_to_leaves_and_back",
     ),
     # --- max-autotune and the guards (issue 27)

@@ -111,7 +111,7 @@ class LayerRegion:
         self.flat_region = torch.compiler.nested_compile_region(_flat_layer_region)
 
     def __call__(self, layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        leaves = None if kwargs else flatten_layer_args(args)
+        leaves = flatten_layer_args(args, kwargs)
         if leaves is not None:
             return self.flat_region(layer, *leaves)
         return self.region(layer, *args, **kwargs)
@@ -139,78 +139,88 @@ def _with_slot(value: Any, slot: StaticLayerCache | RecurrentLayerCache) -> Any:
     return value
 
 
-# How `flatten_layer_args` tags each argument (a constant leaf before the argument's own leaves), and the slot kinds.
+# How `flatten_layer_args` tags each value (a constant leaf before the value's own leaves), and the slot kinds.
 _TENSOR, _NONE, _TUPLE, _INPUTS, _SLOT, _STATES = "tensor", "none", "tuple", "inputs", "slot", "states"
 
 
-def flatten_layer_args(args: tuple[Any, ...]) -> list[Any] | None:
-    """A decoder layer's positional arguments as flat leaves (tensors, and constants that say how to rebuild them),
-    or None where an argument is of another kind. Tensors, None, tuples of tensors and AttentionInputs holding a
-    layer's slot (StaticLayerCache, or RecurrentLayerCache) are flattened; anything else keeps the pytree path.
+def flatten_layer_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+    """A decoder layer's arguments as flat leaves (tensors, and constants that say how to rebuild them: the counts,
+    keyword names, kinds), or None where a value is of another kind. Tensors, None, tuples of tensors and
+    AttentionInputs holding a layer's slot (StaticLayerCache, or RecurrentLayerCache) are flattened; anything else
+    keeps the pytree path.
 
     Why: dynamo matches a region call to the body it already traced by the call's flattened inputs, and flattens
     anything but plain leaves by tracing pytree's flatten, ~75-170 ms a call (SmolLM2's 30 layers: ~2.5 s of a
     ~10 s first call); flat leaves take its fast path."""
-    leaves: list[Any] = [len(args)]
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            leaves += [_TENSOR, arg]
-        elif arg is None:
-            leaves.append(_NONE)
-        elif isinstance(arg, tuple) and all(isinstance(item, torch.Tensor) for item in arg):
-            leaves += [_TUPLE, len(arg), *arg]
-        elif isinstance(arg, AttentionInputs) and isinstance(
-            arg.past_key_values, (StaticLayerCache, RecurrentLayerCache)
-        ):
-            if not all(isinstance(mask, torch.Tensor) for mask in arg.masks.values()):
-                return None
-            leaves += [_INPUTS, len(arg.masks), *(item for pair in arg.masks.items() for item in pair)]
-            leaves += [arg.position_ids, arg.cache_position, arg.key_positions]
-            slot = arg.past_key_values
-            if isinstance(slot, StaticLayerCache):
-                leaves += [_SLOT, slot.keys, slot.values, slot.window]
-            else:
-                states = slot.layer_states
-                leaves += [_STATES, len(states), *(item for pair in states.items() for item in pair)]
-        else:
+    leaves: list[Any] = [len(args), len(kwargs), *kwargs]
+    for value in (*args, *kwargs.values()):
+        if not _flatten_value(value, leaves):
             return None
     return leaves
 
 
-def unflatten_layer_args(leaves: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
-    """The arguments `flatten_layer_args` flattened into `leaves`, rebuilt (the same tensors, a new slot)."""
-    args: list[Any] = []
-    at = 1
-    for _ in range(leaves[0]):
-        tag = leaves[at]
-        if tag == _TENSOR:
-            args.append(leaves[at + 1])
-            at += 2
-        elif tag == _NONE:
-            args.append(None)
-            at += 1
-        elif tag == _TUPLE:
-            count = leaves[at + 1]
-            args.append(tuple(leaves[at + 2 : at + 2 + count]))
-            at += 2 + count
+def _flatten_value(value: Any, leaves: list[Any]) -> bool:
+    """Append `value`'s tagged leaves; False where it is of a kind `flatten_layer_args` does not flatten."""
+    if isinstance(value, torch.Tensor):
+        leaves += [_TENSOR, value]
+    elif value is None:
+        leaves.append(_NONE)
+    elif isinstance(value, tuple) and all(isinstance(item, torch.Tensor) for item in value):
+        leaves += [_TUPLE, len(value), *value]
+    elif isinstance(value, AttentionInputs) and isinstance(
+        value.past_key_values, (StaticLayerCache, RecurrentLayerCache)
+    ):
+        if not all(isinstance(mask, torch.Tensor) for mask in value.masks.values()):
+            return False
+        leaves += [_INPUTS, len(value.masks), *(item for pair in value.masks.items() for item in pair)]
+        leaves += [value.position_ids, value.cache_position, value.key_positions]
+        slot = value.past_key_values
+        if isinstance(slot, StaticLayerCache):
+            leaves += [_SLOT, slot.keys, slot.values, slot.window]
         else:
-            count = leaves[at + 1]
-            at += 2
-            masks = {leaves[at + 2 * i]: leaves[at + 2 * i + 1] for i in range(count)}
-            at += 2 * count
-            position_ids, cache_position, key_positions = leaves[at : at + 3]
-            at += 3
-            slot: StaticLayerCache | RecurrentLayerCache
-            if leaves[at] == _SLOT:
-                slot = StaticLayerCache(*leaves[at + 1 : at + 4])
-                at += 4
-            else:
-                count = leaves[at + 1]
-                slot = RecurrentLayerCache({leaves[at + 2 + 2 * i]: leaves[at + 3 + 2 * i] for i in range(count)})
-                at += 2 + 2 * count
-            args.append(AttentionInputs(masks, position_ids, cache_position, slot, key_positions))
-    return tuple(args)
+            leaves += [_STATES, len(slot.layer_states), *(item for pair in slot.layer_states.items() for item in pair)]
+    else:
+        return False
+    return True
+
+
+def unflatten_layer_args(leaves: tuple[Any, ...] | list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments and keyword arguments `flatten_layer_args` flattened into `leaves`, rebuilt (the same
+    tensors, a new slot)."""
+    positional, named = leaves[0], leaves[1]
+    names = leaves[2 : 2 + named]
+    at = 2 + named
+    values = []
+    for _ in range(positional + named):
+        value, at = _unflatten_value(leaves, at)
+        values.append(value)
+    return tuple(values[:positional]), dict(zip(names, values[positional:], strict=True))
+
+
+def _unflatten_value(leaves: tuple[Any, ...] | list[Any], at: int) -> tuple[Any, int]:
+    """The value whose tagged leaves start at `at`, and where the next value's start."""
+    tag = leaves[at]
+    if tag == _TENSOR:
+        return leaves[at + 1], at + 2
+    if tag == _NONE:
+        return None, at + 1
+    count = leaves[at + 1]
+    if tag == _TUPLE:
+        return tuple(leaves[at + 2 : at + 2 + count]), at + 2 + count
+    at += 2
+    masks = {leaves[at + 2 * i]: leaves[at + 2 * i + 1] for i in range(count)}
+    position_ids, cache_position, key_positions = leaves[at + 2 * count : at + 2 * count + 3]
+    at += 2 * count + 3
+    slot: StaticLayerCache | RecurrentLayerCache
+    if leaves[at] == _SLOT:
+        slot, at = StaticLayerCache(*leaves[at + 1 : at + 4]), at + 4
+    else:
+        count = leaves[at + 1]
+        slot = RecurrentLayerCache({leaves[at + 2 + 2 * i]: leaves[at + 3 + 2 * i] for i in range(count)})
+        at += 2 + 2 * count
+    return AttentionInputs(masks, position_ids, cache_position, slot, key_positions), at
 
 
 def _flat_layer_region(layer: nn.Module, *leaves: Any) -> Any:
-    return type(layer).forward(layer, *unflatten_layer_args(leaves))
+    args, kwargs = unflatten_layer_args(leaves)
+    return type(layer).forward(layer, *args, **kwargs)

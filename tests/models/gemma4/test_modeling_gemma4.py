@@ -4,6 +4,7 @@ import os
 import shutil
 import tempfile
 import unittest
+from unittest import mock
 
 import torch
 import transformers
@@ -241,18 +242,26 @@ class Gemma4SharedParityTest(Gemma4TestMixin, CausalLMParityTests, unittest.Test
     def test_regional_compilation_matches_eager(self) -> None:
         """generate(compile="regional"): one graph for the decode step whose layers run as compiled regions (a
         region may not return its inputs: the storing layers' keys/values are read from their slots), tokens equal
-        to eager's."""
+        to eager's. The layers' arguments, `shared_key_value=` included, reach the region flat: dynamo never traces
+        pytree's flatten to match a layer to its body."""
+        from torch._dynamo.variables import invoke_subgraph
+
         model = AutoModelForCausalLM.from_pretrained(self.tmpdir)
         ids, mask = generation_prompt(self.vocab_size)
         expected = model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None)
         torch._dynamo.reset()
         backend = EagerAndRecordGraphs()
         model._compiled_forwards = {"regional": compile_forward(model, "regional", backend=backend)}
+        pytree_fingerprint = mock.patch.object(
+            invoke_subgraph, "build_fingerprint_with_pytree", wraps=invoke_subgraph.build_fingerprint_with_pytree
+        )
         try:
-            got = model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None, compile="regional")
+            with pytree_fingerprint as flattened:
+                got = model.generate(ids, attention_mask=mask, max_new_tokens=4, eos_token_id=None, compile="regional")
         finally:
             torch._dynamo.reset()
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        self.assertEqual(flattened.call_count, 0)
         (graph,) = backend.graphs
         self.assertTrue(any(node.target is torch.ops.higher_order.invoke_subgraph for node in graph.graph.nodes))
 
