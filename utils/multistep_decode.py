@@ -3,7 +3,7 @@
     python utils/multistep_decode.py MODEL_DIR [--quantization int8|int4] [--steps-per-call 1 4 8] [--tokens 64]
 
 A prototype outside generate, for docs/BENCHMARK.md (issue 27, item 4): after generate's own prefill, one function
-runs K decode steps (mask advance, forward, argmax, positions advanced in place) and is compiled whole
+runs K decode steps (generate's `_decode_one_token`, then argmax) and is compiled whole
 (`fullgraph=True, dynamic=False`, generate's CPU inductor options; the decoder layers stay one shared region), so
 dynamo's per-call work (guards, collecting the weights as graph inputs) and the eager ops between steps are paid
 once per K tokens. Later calls skip guard evaluation, as generate's steps do. Prints, per K: the first call (trace
@@ -35,28 +35,15 @@ KERNELS = "generated kernels"
 
 
 def steps_function(model: Any, steps: int) -> Callable[..., torch.Tensor]:
-    """`steps` greedy decode steps from `token` `[batch]`: returns their tokens `[batch, steps]`; the masks, positions
-    and cache move on in place, as generate's loop moves them."""
+    """`steps` greedy decode steps from `token` `[batch]`, each generate's own (`_decode_one_token`: mask advance,
+    forward, positions moved on in place): returns their tokens `[batch, steps]`."""
 
     @torch.no_grad()
-    def run(
-        token: torch.Tensor, masks: dict, position_ids: torch.Tensor, cache: Any, cache_position: torch.Tensor
-    ) -> torch.Tensor:
+    def run(token: torch.Tensor, session: Any) -> torch.Tensor:
         tokens = []
         for _ in range(steps):
-            mask = {kind: decode_mask.advance(cache_position) for kind, decode_mask in masks.items()}
-            logits = model(
-                token[:, None],
-                attention_mask=mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                cache_position=cache_position,
-                logits_to_keep=1,
-            ).logits[:, -1]
-            token = logits.argmax(-1)  # [batch]
+            token = model._decode_one_token(session, token).argmax(-1)  # [batch]
             tokens.append(token)
-            cache_position.add_(1)
-            position_ids.add_(1)
         return torch.stack(tokens, dim=1)
 
     return run
@@ -75,7 +62,6 @@ def decode(
     times and the tokens `[n + 1]` (the prefill's first). `profiler` runs over the loop only."""
     with inputs_checked():
         session, logits = model._prefill_static(ids, torch.ones_like(ids), config, n + k, None)
-        state = (session.decode_masks, session.position_ids, session.cache, session.cache_position)
         tokens = [logits.argmax(-1)[:, None]]
         if profiler is not None:
             profiler.start()
@@ -84,7 +70,7 @@ def decode(
             # a fresh token of the same strides each call: the guards checked at the first call still hold
             token = tokens[-1][:, -1].clone(memory_format=torch.contiguous_format)
             with torch.compiler.set_stance(skip_guard_eval_unsafe=call > 0):
-                tokens.append(compiled(token, *state))
+                tokens.append(compiled(token, session))
         end = time.perf_counter()
         if profiler is not None:
             profiler.stop()
@@ -117,9 +103,7 @@ def main() -> int:
         begin = time.perf_counter()
         with inputs_checked():
             session, logits = model._prefill_static(ids, torch.ones_like(ids), config, n + k, None)
-            compiled(
-                logits.argmax(-1), session.decode_masks, session.position_ids, session.cache, session.cache_position
-            )
+            compiled(logits.argmax(-1), session)
         first_call = time.perf_counter() - begin
         runs = [decode(model, ids, config, k, n, compiled) for _ in range(3)]
         ms = statistics.median((end - start) / (n // k * k) * 1e3 for start, end, _ in runs)
