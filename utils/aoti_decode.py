@@ -152,8 +152,8 @@ def main() -> int:
         session, logits = model._prefill_static(ids, torch.ones_like(ids), config, n + 1, None)
     states = [read(slot) for slot in state_slots(session)]
 
-    @torch.no_grad()
     def packaged_loop(step: Any) -> Callable[[profile | None], tuple[float, float, torch.Tensor]]:
+        @torch.no_grad()  # the prefill too: no autograd record on the cache
         def run(profiler: profile | None = None) -> tuple[float, float, torch.Tensor]:
             with inputs_checked():
                 fresh, first = model._prefill_static(ids, torch.ones_like(ids), config, n + 1, None)
