@@ -13,6 +13,7 @@ import torch
 import torch._dynamo
 import transformers
 from torch._dynamo.testing import EagerAndRecordGraphs
+from torch._inductor import config as inductor_config
 from torch._inductor import cpu_vec_isa
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
@@ -43,15 +44,36 @@ def int8pack_calls(graph: torch.fx.GraphModule) -> int:
     )
 
 
-def test_narrow_vectors_are_what_inductor_picks_under_512_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The choice follows inductor's vector width, which `ATEN_CPU_CAPABILITY` narrows as another host would."""
-    widest = cpu_vec_isa.pick_vec_isa().bit_width()
-    if widest == 0:
-        pytest.skip("inductor finds no vector ISA on this CPU")
-    assert narrow_cpu_vectors() == (widest < 512)
-    if widest >= 512:
-        monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-        assert cpu_vec_isa.pick_vec_isa().bit_width() == 256 and narrow_cpu_vectors()
+@pytest.mark.parametrize(
+    ("host", "capability", "narrow"),
+    [
+        ((cpu_vec_isa.VecAMX, cpu_vec_isa.VecAVX512, cpu_vec_isa.VecAVX2), None, False),
+        ((cpu_vec_isa.VecAVX512, cpu_vec_isa.VecAVX2), None, False),
+        ((cpu_vec_isa.VecAVX512, cpu_vec_isa.VecAVX2), "avx2", True),
+        ((cpu_vec_isa.VecAVX2,), None, True),
+    ],
+    ids=["amx", "avx512", "avx512-capability-avx2", "avx2"],
+)
+def test_narrow_vectors_are_what_inductor_picks_under_512_bits(
+    monkeypatch: pytest.MonkeyPatch, host: tuple[type[cpu_vec_isa.VecISA], ...], capability: str | None, narrow: bool
+) -> None:
+    """The choice follows the vector width inductor picks from the host's ISAs (faked here, so every host checks every
+    case) and `ATEN_CPU_CAPABILITY`, which narrows it as an AVX2 host would."""
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: [isa() for isa in host])
+    if capability is None:
+        monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    else:
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+    with inductor_config.patch({"cpp.simdlen": None}):  # no width forced: the host's ISAs and the variable decide
+        assert narrow_cpu_vectors() is narrow
+
+
+def test_narrow_vectors_follow_this_hosts_capability_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the real host: `ATEN_CPU_CAPABILITY=avx2` gives inductor 256-bit vectors, and so the narrow choice."""
+    if not any(isa.bit_width() >= 256 for isa in cpu_vec_isa.valid_vec_isa_list()):
+        pytest.skip("this CPU has no AVX2 (or wider) vectors for inductor")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert cpu_vec_isa.pick_vec_isa().bit_width() == 256 and narrow_cpu_vectors()
 
 
 @pytest.mark.parametrize("rows", [1, 3])

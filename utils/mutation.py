@@ -35,8 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = "transformers_static"
 TIMEOUT_S = 240
 JOBS = 2  # the CI machine has 2 cores
-PYTEST = ("-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
+PYTEST = ("-x", "-q", "-rs", "-p", "no:cacheprovider", "-o", "addopts=")
 CAUGHT_CODES = (1, 2)  # tests failed / errored; 4 (unknown node id) and 5 (nothing collected) are not a catch
+# The zygote's exit code for a run whose selected tests all skipped (e.g. a test that needs an ISA this host lacks):
+# the mutant is then neither caught nor survived here, and the report names the skip reasons.
+ALL_SKIPPED = 100
 
 GEN, MASKS, CACHE, ATTN = "generation/utils.py", "modeling_attn_mask_utils.py", "cache_utils.py", "attention_utils.py"
 SAMPLER, MODELING, GEN_CONFIG = (
@@ -792,7 +795,8 @@ MUTANTS = (
 class Outcome:
     name: str
     tests: tuple[str, ...]
-    status: str  # "caught", "SURVIVED", "NO LONGER APPLIES", "TIMEOUT", "SELECTION BROKEN", "passed", "FAILED"
+    status: str  # "caught", "SURVIVED", "SKIPPED ON HOST", "NO LONGER APPLIES", "TIMEOUT", "SELECTION BROKEN",
+    # "passed", "FAILED"
     seconds: float
     detail: str = ""
 
@@ -824,6 +828,15 @@ import json, os, signal, sys, time
 import pytest, torch, transformers
 from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel, modeling_utils
 
+
+class Tally:  # a pytest plugin: how many selected tests passed and skipped
+    passed = skipped = 0
+
+    def pytest_runtest_logreport(self, report):
+        self.passed += report.when == "call" and report.passed
+        self.skipped += report.skipped
+
+
 for line in sys.stdin:
     job = json.loads(line)
     with open(job["log"], "wb") as log:
@@ -838,7 +851,10 @@ for line in sys.stdin:
             code = 3
             try:
                 if job["pytest"] is not None:
-                    code = pytest.main(job["pytest"])
+                    tally = Tally()
+                    code = pytest.main(job["pytest"], plugins=[tally])
+                    if code == 0 and tally.skipped and not tally.passed:
+                        code = ALL_SKIPPED
                 else:
                     exec(job["code"])
                     code = 0
@@ -870,7 +886,12 @@ class Zygote:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}  # the jobs share the cores
         env.pop("PYTHONPATH", None)  # nothing of transformers_static may be importable before the scratch copy
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", f"ALL_SKIPPED = {ALL_SKIPPED}\n{ZYGOTE}"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
 
     def run(
@@ -935,6 +956,8 @@ def run_mutant(zygotes: Zygotes, mutant: Mutant) -> Outcome:
         return Outcome(mutant.name, mutant.tests, "TIMEOUT", seconds, f"over {TIMEOUT_S} s")
     if code in CAUGHT_CODES:
         return Outcome(mutant.name, mutant.tests, "caught", seconds)
+    if code == ALL_SKIPPED:
+        return Outcome(mutant.name, mutant.tests, "SKIPPED ON HOST", seconds, output)
     status = "SURVIVED" if code == 0 else "SELECTION BROKEN"
     return Outcome(mutant.name, mutant.tests, status, seconds, output)
 
@@ -954,7 +977,7 @@ def run_baseline(zygotes: Zygotes, mutants: tuple[Mutant, ...], after_tests: boo
         if not tests:
             return Outcome("(baseline: imports only)", tests, "passed", time.monotonic() - start)
         code, output = run_pytest(zygotes, package.parent, tests, merged_env(mutants))
-    status = "passed" if code == 0 else "FAILED"
+    status = "passed" if code in (0, ALL_SKIPPED) else "FAILED"
     return Outcome("(baseline: no mutation)", tests, status, time.monotonic() - start, "" if code == 0 else output)
 
 
@@ -1012,10 +1035,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         zygotes.close()
     report(outcomes)
-    failed = [o for o in outcomes if o.status not in ("caught", "passed")]
+    failed = [o for o in outcomes if o.status not in ("caught", "passed", "SKIPPED ON HOST")]
     verdict = f"{len(failed)} problem(s)" if failed else "ok"
     caught = sum(o.status == "caught" for o in outcomes)
-    print(f"\nmutation: {verdict}: {caught}/{len(mutants)} mutants caught in {time.monotonic() - start:.0f} s")
+    skipped = sum(o.status == "SKIPPED ON HOST" for o in outcomes)
+    untested = f", {skipped} whose tests all skip on this host (reasons above)" if skipped else ""
+    print(
+        f"\nmutation: {verdict}: {caught}/{len(mutants)} mutants caught{untested} in {time.monotonic() - start:.0f} s"
+    )
     return 1 if failed else 0
 
 
