@@ -314,6 +314,21 @@ MUTANTS = (
         LLAMA + "test_greedy_generate_matches_upstream_static",
     ),
     mutant(
+        "logits-hook-skipped",
+        CAUSAL_LM,
+        "logits = self.scale_logits(self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:]))",
+        "logits = self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:])",
+        "tests/models/granite/test_modeling_granite.py::GraniteParityTest::test_logits_are_divided_by_logits_scaling",
+    ),
+    mutant(
+        "extra-model-inputs-dropped",
+        CAUSAL_LM,
+        "            **model_inputs,\n        )",
+        "        )",
+        "tests/models/gemma4/test_modeling_gemma4.py::Gemma4SharedParityTest::"
+        "test_inputs_embeds_and_use_cache_false_match_upstream",
+    ),
+    mutant(
         "use-cache-argument-ignored",
         INPUTS,
         "use_cache = model.config.use_cache if use_cache is None else use_cache",

@@ -12,6 +12,11 @@ class LlamaParityTest(CausalLMParityTests, unittest.TestCase):
         hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
     )
 
+    def test_forward_refuses_keyword_inputs_the_model_does_not_take(self) -> None:
+        """Only a model's `extra_model_inputs` pass through the head's forward (Gemma 4's `per_layer_inputs`)."""
+        with self.assertRaisesRegex(TypeError, r"unexpected keyword arguments \['per_layer_inputs'\]"):
+            self.models["sdpa"](self.input_ids, per_layer_inputs=None)
+
 
 class LlamaTiedLlama3RopeParityTest(CausalLMParityTests, unittest.TestCase):
     """Tied embeddings, no GQA, and Llama 3.1 rope scaling."""

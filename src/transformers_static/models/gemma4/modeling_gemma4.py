@@ -22,9 +22,9 @@ from ...activations import get_activation
 from ...attention_utils import attend, soft_cap, update_kv_cache
 from ...cache_utils import Cache, StaticCache, StaticLayerCache
 from ...modeling_attn_mask_utils import SLIDING_ATTENTION, attention_type, mask_converters
-from ...modeling_causal_lm import CausalLMMixin, causal_lm_loss
+from ...modeling_causal_lm import CausalLMMixin
 from ...modeling_inputs import AttentionInputs, check_token_ids, checks_inputs, embed_inputs, prepare_attention_inputs
-from ...modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from ...modeling_outputs import BaseModelOutputWithPast
 from ...modeling_rope_utils import compute_inv_freq, proportional_inv_freq
 from ...modeling_utils import PreTrainedModel
 from ...moe_utils import StackedExperts
@@ -495,6 +495,7 @@ class Gemma4SoftCappedLMHead(nn.Linear):
 
 
 class Gemma4ForCausalLM(CausalLMMixin, Gemma4PreTrainedModel):
+    extra_model_inputs = ("per_layer_inputs",)  # see Gemma4TextModel.forward
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
 
@@ -509,32 +510,3 @@ class Gemma4ForCausalLM(CausalLMMixin, Gemma4PreTrainedModel):
         )
         self._keys_to_ignore_on_load_unexpected = shared_layer_keys(config)
         self.post_init()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        cache_position: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
-        per_layer_inputs: torch.Tensor | None = None,
-    ) -> CausalLMOutputWithPast:
-        """CausalLMMixin's forward with upstream's `per_layer_inputs` `[batch, q_len, layers, per_layer_dim]` (for
-        callers passing `inputs_embeds`; see Gemma4TextModel.forward)."""
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            cache_position=cache_position,
-            use_cache=use_cache,
-            inputs_embeds=inputs_embeds,
-            per_layer_inputs=per_layer_inputs,
-        )
-        logits = self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:])  # [batch, q_len, vocab]
-        loss = causal_lm_loss(logits, labels) if labels is not None else None
-        return CausalLMOutputWithPast(logits=logits, past_key_values=outputs.past_key_values, loss=loss)

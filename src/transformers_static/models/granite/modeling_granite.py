@@ -11,9 +11,9 @@ from ...activations import get_activation
 from ...attention_utils import attention_forward
 from ...cache_utils import Cache
 from ...modeling_attn_mask_utils import attention_type, mask_converters
-from ...modeling_causal_lm import CausalLMMixin, causal_lm_loss
+from ...modeling_causal_lm import CausalLMMixin
 from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
-from ...modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from ...modeling_outputs import BaseModelOutputWithPast
 from ...modeling_rope_utils import rope_frequencies
 from ...modeling_utils import PreTrainedModel
 from .configuration_granite import GraniteConfig
@@ -213,31 +213,5 @@ class GraniteForCausalLM(CausalLMMixin, GranitePreTrainedModel):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        cache_position: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
-    ) -> CausalLMOutputWithPast:
-        """CausalLMMixin's forward with the logits divided by `logits_scaling` (the loss, when `labels` are given,
-        computed on the scaled logits, as upstream's). The scaling stays out of `lm_head`, a plain linear layer, so
-        int8 quantization and tensor parallelism treat it as any other head."""
-        outputs = super().forward(
-            input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            cache_position=cache_position,
-            use_cache=use_cache,
-            inputs_embeds=inputs_embeds,
-            logits_to_keep=logits_to_keep,
-        )
-        logits = outputs.logits / self.config.logits_scaling  # [batch, q_len, vocab]
-        loss = causal_lm_loss(logits, labels) if labels is not None else None
-        return CausalLMOutputWithPast(logits=logits, past_key_values=outputs.past_key_values, loss=loss)
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits / self.config.logits_scaling  # [batch, q_len, vocab]
