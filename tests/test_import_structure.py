@@ -46,8 +46,13 @@ def _import_nodes(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 
 def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
     """{module: the package's modules it imports}: `from .x import y` counts as an import of `x.y` when that is a
-    module, else of `x`; a package's implicit parent imports do not count."""
-    files = {module_name(path, package_dir): path for path in package_dir.rglob("*.py")}
+    module, else of `x`; a package's implicit parent imports do not count. Modular files (`modular_<arch>.py`) are
+    sources that `make fix-copies` expands, never imported: their imports of a parent model are no edges."""
+    files = {
+        module_name(path, package_dir): path
+        for path in package_dir.rglob("*.py")
+        if not path.name.startswith("modular_")
+    }
     graph = {}
     for module, path in files.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]

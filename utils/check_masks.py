@@ -14,6 +14,9 @@ Rules (each in its module of utils/repo_checks/):
                        statement below it (own-line comment), with its body, and the matching source statement
                        (defs/classes matched by name, other statements by aligning their siblings).
                        A nested definition with its own marker is checked against its own source only.
+  modular              (modular.py) each models/<arch>/modular_<arch>.py (a model's differences from one parent model)
+                       expands to its modeling_<arch>.py (and configuration_<arch>.py): those files must equal
+                       the expansion; `--fix` rewrites them. The module's docstring says how a file expands.
   attention-signature  (mask_contract.py) `*Attention` classes defining `forward` take `attention_mask` and `cache_position`; the
                        latter may be waived by `# check_masks: no-cache-position: <reason>` in the class.
   markers              every `# check_masks:` comment is `no-cache-position: <non-empty reason>`.
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the rules' package b
 from repo_checks.common import PKG, Loader, Problem  # noqa: E402
 from repo_checks.copies import apply_renames, check_copies, fix_copies, parse_renames  # noqa: E402
 from repo_checks.mask_contract import check_models  # noqa: E402
+from repo_checks.modular import check_modular, fix_modular  # noqa: E402
 from repo_checks.registration import architectures, check_registration  # noqa: E402
 
 __all__ = ["apply_renames", "main", "parse_renames", "run_checks"]
@@ -44,10 +48,12 @@ def run_checks(root: Path) -> tuple[list[Problem], str]:
     """All problems (sorted, deduplicated) and a summary of what was checked."""
     loader = Loader(root)
     problems, copies = check_copies(root, loader)
+    modular_problems, modular = check_modular(root)
+    problems += modular_problems
     model_problems, models = check_models(root, loader)
     archs = architectures(root) if (root / "src" / PKG / "models").is_dir() else []
     problems += model_problems + list(check_registration(root, loader, archs))
-    summary = f"{copies} copies, {models} model files, {len(archs)} architectures"
+    summary = f"{copies} copies, {modular} modular files, {models} model files, {len(archs)} architectures"
     return sorted(set(problems) | loader.problems), summary
 
 
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_masks: {root} has no src/{PKG}")
         return 1
     if args.fix:
-        for line in fix_copies(root):
+        for line in fix_modular(root) + fix_copies(root):
             print(f"fixed {line}")
     problems, summary = run_checks(root)
     for problem in problems:

@@ -18,12 +18,18 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """ReLU², upstream's "relu2" (Primer; Persimmon, Nemotron, Arcee)."""
+    return torch.square(F.relu(x))
+
+
 ACT2FN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": gelu_new,
     "gelu_pytorch_tanh": gelu_tanh,
     "gelu_fast": gelu_tanh,
     "relu": F.relu,
+    "relu2": relu_squared,
     "silu": F.silu,
     "swish": F.silu,
     "tanh": torch.tanh,

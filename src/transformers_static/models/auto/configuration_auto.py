@@ -10,6 +10,7 @@ from ...configuration_utils import PretrainedConfig, load_config_dict
 from ...utils.hub import refuse_unsupported_hub_arguments
 
 CONFIG_MAPPING_NAMES = {
+    "arcee": "ArceeConfig",
     "bloom": "BloomConfig",
     "cohere2": "Cohere2Config",
     "falcon": "FalconConfig",

@@ -10,6 +10,7 @@ from ...modeling_utils import PreTrainedModel
 from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
+    "arcee": "ArceeModel",
     "bloom": "BloomModel",
     "cohere2": "Cohere2Model",
     "falcon": "FalconModel",
@@ -38,6 +39,7 @@ MODEL_MAPPING_NAMES = {
 }
 
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
+    "arcee": "ArceeForCausalLM",
     "bloom": "BloomForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
     "falcon": "FalconForCausalLM",
