@@ -39,7 +39,9 @@ class ModularError(Exception):
 
 
 def header(modular: str) -> str:
-    return f"# Generated from {modular} by `make fix-copies` (utils/repo_checks/modular.py): edit that file, not this.\n"
+    return (
+        f"# Generated from {modular} by `make fix-copies` (utils/repo_checks/modular.py): edit that file, not this.\n"
+    )
 
 
 @dataclass
@@ -157,7 +159,11 @@ def merge_class(mod: Modular, parent: ast.ClassDef, parent_text: str, child: ast
     child_doc = next((m for m in child.body if is_docstring(m)), None)
     bases = [
         *(ast.unparse(b) for b in parent.bases),
-        *(mod.rename_names(ast.unparse(b)) for b in child.bases if not (isinstance(b, ast.Name) and b.id == parent_name)),
+        *(
+            mod.rename_names(ast.unparse(b))
+            for b in child.bases
+            if not (isinstance(b, ast.Name) and b.id == parent_name)
+        ),
     ]
     body_lines = parent_text.splitlines(keepends=True)
     cursor = member_span(parent.body[0], parent.lineno)[0]
@@ -324,15 +330,21 @@ def check_modular(root: Path) -> tuple[list[Problem], int]:
 
 
 def fix_modular(root: Path) -> list[str]:
-    """Rewrite stale expansions; returns what was rewritten."""
-    fixed = []
-    for path in modular_files(root):
-        try:
-            expected = expansions(root, path)
-        except (ModularError, SyntaxError, OSError):
-            continue  # reported by check_modular
-        for target, text in expected.items():
-            if not target.is_file() or target.read_text(encoding="utf-8") != text:
-                target.write_text(text, encoding="utf-8")
-                fixed.append(f"{target.relative_to(root).as_posix()} (from {path.name})")
-    return fixed
+    """Rewrite stale expansions, again until none changes (a model's parent may itself be modular); returns what was
+    rewritten."""
+    fixed: list[str] = []
+    for _ in range(len(modular_files(root)) + 1):
+        changed = []
+        for path in modular_files(root):
+            try:
+                expected = expansions(root, path)
+            except (ModularError, SyntaxError, OSError):
+                continue  # reported by check_modular
+            for target, text in expected.items():
+                if not target.is_file() or target.read_text(encoding="utf-8") != text:
+                    target.write_text(text, encoding="utf-8")
+                    changed.append(f"{target.relative_to(root).as_posix()} (from {path.name})")
+        if not changed:
+            break
+        fixed += changed
+    return list(dict.fromkeys(fixed))
