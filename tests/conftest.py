@@ -1,13 +1,29 @@
 """Every test sees the same decode kernels on every host: int8 decode products are the generated reductions, as on
 CPUs with 512-bit vectors, also where inductor's vectors are narrower (AVX2), which would otherwise send them to
 aten's int8 kernel on bfloat16 activations (`linear_utils.use_int8pack`) and round differently from the eager int8
-model the tests compare with. tests/test_quantization_kernels.py checks that path itself, on every host."""
+model the tests compare with. tests/test_quantization_kernels.py checks that path itself, on every host.
+
+The run's inductor cache is a directory of the run's vector ISA, unless the caller chose one: torch 2.13's FX-graph
+cache key leaves the ISA out (generation/compilation.cpu_inductor_options names it for the library's compiles, but
+tests also compile plain functions), so runs under two ISAs on one machine (an AVX2 host's CI after an AVX-512 one's,
+`ATEN_CPU_CAPABILITY=avx2`) would otherwise be served each other's code."""
 
 from __future__ import annotations
 
-import pytest
+import os
+import re
 
-from transformers_static import linear_utils
+CACHE_CHOSEN = "TORCHINDUCTOR_CACHE_DIR" in os.environ  # before torch._inductor's import sets it to its default
+
+import pytest  # noqa: E402
+from torch._inductor.cpu_vec_isa import pick_vec_isa  # noqa: E402
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # noqa: E402
+
+from transformers_static import linear_utils  # noqa: E402
+
+if not CACHE_CHOSEN:  # read by inductor at each compile, and by the tests' subprocesses
+    isa = re.sub(r"\W+", "-", str(pick_vec_isa()) or "scalar")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"tests-{isa}")
 
 
 @pytest.fixture(autouse=True)
