@@ -19,6 +19,8 @@ CONFIG_MAPPING_NAMES = {
     "gemma3_text": "Gemma3TextConfig",
     "gemma4_text": "Gemma4TextConfig",
     "gpt2": "GPT2Config",
+    "gpt_bigcode": "GPTBigCodeConfig",
+    "gpt_neo": "GPTNeoConfig",
     "gpt_neox": "GPTNeoXConfig",
     "gpt_oss": "GptOssConfig",
     "gptj": "GPTJConfig",

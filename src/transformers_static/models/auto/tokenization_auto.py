@@ -26,6 +26,8 @@ TOKENIZER_MAPPING_NAMES = {
     "gemma2": "GemmaTokenizer",
     "gemma3_text": "GemmaTokenizer",
     "gpt2": "GPT2Tokenizer",
+    "gpt_bigcode": "TokenizersBackend",
+    "gpt_neo": "GPT2Tokenizer",
     "gpt_neox": "GPTNeoXTokenizer",
     "gptj": "GPT2Tokenizer",
     "granite": "TokenizersBackend",
