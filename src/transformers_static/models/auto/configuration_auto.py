@@ -30,6 +30,7 @@ CONFIG_MAPPING_NAMES = {
     "mixtral": "MixtralConfig",
     "olmo2": "Olmo2Config",
     "opt": "OPTConfig",
+    "persimmon": "PersimmonConfig",
     "phi": "PhiConfig",
     "phi3": "Phi3Config",
     "qwen2": "Qwen2Config",
@@ -37,6 +38,7 @@ CONFIG_MAPPING_NAMES = {
     "qwen3_5_text": "Qwen3_5TextConfig",
     "qwen3_moe": "Qwen3MoeConfig",
     "smollm3": "SmolLM3Config",
+    "stablelm": "StableLmConfig",
     "starcoder2": "Starcoder2Config",
 }
 

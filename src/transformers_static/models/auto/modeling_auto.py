@@ -30,6 +30,7 @@ MODEL_MAPPING_NAMES = {
     "mixtral": "MixtralModel",
     "olmo2": "Olmo2Model",
     "opt": "OPTModel",
+    "persimmon": "PersimmonModel",
     "phi": "PhiModel",
     "phi3": "Phi3Model",
     "qwen2": "Qwen2Model",
@@ -37,6 +38,7 @@ MODEL_MAPPING_NAMES = {
     "qwen3_5_text": "Qwen3_5TextModel",
     "qwen3_moe": "Qwen3MoeModel",
     "smollm3": "SmolLM3Model",
+    "stablelm": "StableLmModel",
     "starcoder2": "Starcoder2Model",
 }
 
@@ -61,6 +63,7 @@ MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "mixtral": "MixtralForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "opt": "OPTForCausalLM",
+    "persimmon": "PersimmonForCausalLM",
     "phi": "PhiForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -68,6 +71,7 @@ MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
 }
 

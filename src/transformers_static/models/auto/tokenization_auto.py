@@ -35,12 +35,14 @@ TOKENIZER_MAPPING_NAMES = {
     "mixtral": "TokenizersBackend",
     "olmo2": "TokenizersBackend",
     "opt": "GPT2Tokenizer",
+    "persimmon": "TokenizersBackend",
     "phi": "GPT2Tokenizer",
     "phi3": "TokenizersBackend",
     "qwen2": "Qwen2Tokenizer",
     "qwen3": "Qwen2Tokenizer",
     "qwen3_5_text": "Qwen3_5Tokenizer",
     "qwen3_moe": "Qwen2Tokenizer",
+    "stablelm": "TokenizersBackend",
     "starcoder2": "GPT2Tokenizer",
 }
 # Model types whose Hub tokenizer_class upstream overrides with the registered class.
