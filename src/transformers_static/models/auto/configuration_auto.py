@@ -12,6 +12,7 @@ from ...utils.hub import refuse_unsupported_hub_arguments
 CONFIG_MAPPING_NAMES = {
     "arcee": "ArceeConfig",
     "bloom": "BloomConfig",
+    "codegen": "CodeGenConfig",
     "cohere2": "Cohere2Config",
     "falcon": "FalconConfig",
     "gemma": "GemmaConfig",
@@ -28,6 +29,7 @@ CONFIG_MAPPING_NAMES = {
     "llama": "LlamaConfig",
     "mistral": "MistralConfig",
     "mixtral": "MixtralConfig",
+    "mpt": "MptConfig",
     "olmo2": "Olmo2Config",
     "opt": "OPTConfig",
     "persimmon": "PersimmonConfig",

@@ -12,6 +12,7 @@ from .configuration_auto import AutoConfig, model_class
 MODEL_MAPPING_NAMES = {
     "arcee": "ArceeModel",
     "bloom": "BloomModel",
+    "codegen": "CodeGenModel",
     "cohere2": "Cohere2Model",
     "falcon": "FalconModel",
     "gemma": "GemmaModel",
@@ -28,6 +29,7 @@ MODEL_MAPPING_NAMES = {
     "llama": "LlamaModel",
     "mistral": "MistralModel",
     "mixtral": "MixtralModel",
+    "mpt": "MptModel",
     "olmo2": "Olmo2Model",
     "opt": "OPTModel",
     "persimmon": "PersimmonModel",
@@ -45,6 +47,7 @@ MODEL_MAPPING_NAMES = {
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "arcee": "ArceeForCausalLM",
     "bloom": "BloomForCausalLM",
+    "codegen": "CodeGenForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
     "falcon": "FalconForCausalLM",
     "gemma": "GemmaForCausalLM",
@@ -61,6 +64,7 @@ MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "mpt": "MptForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "opt": "OPTForCausalLM",
     "persimmon": "PersimmonForCausalLM",

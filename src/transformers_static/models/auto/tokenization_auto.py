@@ -22,6 +22,7 @@ from ...tokenization_utils_tokenizers import TokenizersBackend
 
 # model_type -> upstream's registered tokenizer class (model types absent here have none).
 TOKENIZER_MAPPING_NAMES = {
+    "codegen": "GPT2Tokenizer",
     "gemma": "GemmaTokenizer",
     "gemma2": "GemmaTokenizer",
     "gemma3_text": "GemmaTokenizer",
@@ -33,6 +34,7 @@ TOKENIZER_MAPPING_NAMES = {
     "granite": "TokenizersBackend",
     "mistral": "TokenizersBackend",
     "mixtral": "TokenizersBackend",
+    "mpt": "GPTNeoXTokenizer",
     "olmo2": "TokenizersBackend",
     "opt": "GPT2Tokenizer",
     "persimmon": "TokenizersBackend",
