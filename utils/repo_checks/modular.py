@@ -4,7 +4,9 @@ are generated from the parent's files and must be current.
 
 A modular file imports what it builds on from ONE parent model, `from ..<parent>.modeling_<parent> import ...` and
 `from ..<parent>.configuration_<parent> import ...`, and subclasses it: `class GlmAttention(LlamaAttention)`. The
-class-name pairs give the renames (`Llama->Glm`, also lower- and upper-cased, as `# Copied from` markers rename).
+class-name pairs give the renames (`Llama->Glm`, also lower- and upper-cased, as `# Copied from` markers rename),
+and the model directories' names rename module names and model types (`llama->seed_oss` for `SeedOss`), all in one
+pass, so no rename applies to another's result.
 Each parent file it imports from is expanded: its text, renamed, with each of the modular file's definitions in place:
 - `class GlmX(LlamaX)` (the parent's class of the same renamed name): the parent's class with the modular class's
   methods and class attributes replacing those of the same name, new ones appended, its docstring if it has one,
@@ -27,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .common import PKG, Problem
-from .copies import apply_renames
 
 PARENT_RE = re.compile(r"^\.\.(?P<parent>\w+)\.(?P<kind>modeling|configuration)_(?P=parent)$")
 COPY_MARKER_RE = re.compile(r"^\s*# Copied from .*\n", re.MULTILINE)
-KINDS = ("configuration", "modeling")
+NOQA_RE = re.compile(
+    r"\s*# noqa\b.*$", re.MULTILINE
+)  # on the modular file's imports: each expansion keeps what it uses
 
 
 class ModularError(Exception):
@@ -53,20 +56,27 @@ class Modular:
     tree: ast.Module
     parent: str = ""
     imported: dict[str, str] = field(default_factory=dict)  # parent name -> kind of the parent file it comes from
-    renames: list[tuple[str, str]] = field(default_factory=list)
+    renames: dict[str, str] = field(default_factory=dict)  # every casing: old -> new
+
+    def rename(self, text: str) -> str:
+        """`text` with every rename applied in one pass (longest match first)."""
+        if not self.renames:
+            return text
+        pattern = "|".join(re.escape(old) for old in sorted(self.renames, key=len, reverse=True))
+        return re.sub(pattern, lambda match: self.renames[match[0]], text)
 
     def segment(self, node: ast.AST) -> str:
-        """`node`'s source, with the parent's imported names renamed to their counterparts."""
-        text = ast.get_source_segment(self.text, node, padded=False) or ""
-        decorators = getattr(node, "decorator_list", [])
-        if decorators:
-            first = min(d.lineno for d in decorators)
-            text = "\n".join(self.text.splitlines()[first - 1 : node.lineno - 1]) + "\n" + text
+        """`node`'s source lines (decorators included) unindented, with the parent's imported names renamed to their
+        counterparts."""
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        lines = self.text.splitlines()[first - 1 : node.end_lineno]
+        width = node.col_offset
+        text = "\n".join(line[width:] if not line[:width].strip() else line.lstrip() for line in lines)
         return self.rename_names(text)
 
     def rename_names(self, text: str) -> str:
         for name in sorted(self.imported, key=len, reverse=True):
-            text = re.sub(rf"\b{name}\b", apply_renames(name, self.renames), text)
+            text = re.sub(rf"\b{name}\b", self.rename(name), text)
         return text
 
 
@@ -84,7 +94,10 @@ def parse_modular(path: Path) -> Modular:
         raise ModularError("imports nothing from a parent model (`from ..<parent>.modeling_<parent> import ...`)")
     if ast.get_docstring(mod.tree) is None:
         raise ModularError("has no module docstring (it becomes the expansions' docstring)")
-    mod.renames = infer_renames(mod)
+    ((old, new),) = infer_renames(mod)
+    mod.renames = {old: new, old.lower(): new.lower(), old.upper(): new.upper()}
+    arch = path.parent.name  # the directories name modules and model types: llama -> seed_oss, not seedoss
+    mod.renames |= {mod.parent: arch, mod.parent.upper(): arch.upper()}
     return mod
 
 
@@ -208,16 +221,14 @@ def is_docstring(node: ast.stmt) -> bool:
 
 
 def indent(text: str) -> str:
-    """A member's source (its first line unindented by ast) at class-body indentation."""
-    lines = text.splitlines()
-    first, rest = lines[0], lines[1:]
-    return "\n".join(["    " + first.lstrip(), *rest])
+    """An unindented member's source at class-body indentation."""
+    return "\n".join("    " + line if line.strip() else "" for line in text.splitlines())
 
 
 def expand(mod: Modular, kind: str, package: Path) -> str:
     """The flat `<kind>_<arch>.py` text for one parent file kind."""
     parent_path = package / "models" / mod.parent / f"{kind}_{mod.parent}.py"
-    parent_text = apply_renames(COPY_MARKER_RE.sub("", parent_path.read_text(encoding="utf-8")), mod.renames)
+    parent_text = mod.rename(COPY_MARKER_RE.sub("", parent_path.read_text(encoding="utf-8")))
     parent_tree = ast.parse(parent_text)
     blocks = top_level_blocks(parent_text, parent_tree)
     if blocks and is_docstring(blocks[0][0]):
@@ -238,7 +249,7 @@ def expand(mod: Modular, kind: str, package: Path) -> str:
         if defined_name(node) not in existing:
             body = place(mod, node, defined_name(node), body)
     own_imports = [
-        mod.segment(node) + "\n"
+        NOQA_RE.sub("", mod.segment(node)) + "\n"
         for node in mod.tree.body
         if isinstance(node, (ast.Import, ast.ImportFrom))
         and not PARENT_RE.match("." * getattr(node, "level", 0) + (getattr(node, "module", None) or ""))
@@ -255,8 +266,7 @@ def place(mod: Modular, node: ast.stmt, name: str, body: list[tuple[ast.stmt, st
     if index is not None:
         parent, parent_text = body[index]
         merges = isinstance(node, ast.ClassDef) and any(
-            isinstance(b, ast.Name) and b.id in mod.imported and apply_renames(b.id, mod.renames) == name
-            for b in node.bases
+            isinstance(b, ast.Name) and b.id in mod.imported and mod.rename(b.id) == name for b in node.bases
         )
         if merges and isinstance(parent, ast.ClassDef):
             lines = parent_text.splitlines(keepends=True)
