@@ -26,6 +26,8 @@ TOKENIZER_MAPPING_NAMES = {
     "gemma": "GemmaTokenizer",
     "gemma2": "GemmaTokenizer",
     "gemma3_text": "GemmaTokenizer",
+    "glm": "TokenizersBackend",
+    "glm4": "TokenizersBackend",
     "gpt2": "GPT2Tokenizer",
     "gpt_bigcode": "TokenizersBackend",
     "gpt_neo": "GPT2Tokenizer",
