@@ -37,6 +37,7 @@ TOKENIZER_MAPPING_NAMES = {
     "mistral": "TokenizersBackend",
     "mixtral": "TokenizersBackend",
     "mpt": "GPTNeoXTokenizer",
+    "olmo": "GPTNeoXTokenizer",
     "olmo2": "TokenizersBackend",
     "opt": "GPT2Tokenizer",
     "persimmon": "TokenizersBackend",
