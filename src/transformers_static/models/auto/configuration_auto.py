@@ -13,7 +13,9 @@ CONFIG_MAPPING_NAMES = {
     "arcee": "ArceeConfig",
     "bloom": "BloomConfig",
     "codegen": "CodeGenConfig",
+    "cohere": "CohereConfig",
     "cohere2": "Cohere2Config",
+    "ernie4_5": "Ernie4_5Config",
     "falcon": "FalconConfig",
     "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config",
@@ -48,6 +50,7 @@ CONFIG_MAPPING_NAMES = {
     "smollm3": "SmolLM3Config",
     "stablelm": "StableLmConfig",
     "starcoder2": "Starcoder2Config",
+    "vaultgemma": "VaultGemmaConfig",
 }
 
 

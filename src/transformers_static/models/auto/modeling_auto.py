@@ -13,7 +13,9 @@ MODEL_MAPPING_NAMES = {
     "arcee": "ArceeModel",
     "bloom": "BloomModel",
     "codegen": "CodeGenModel",
+    "cohere": "CohereModel",
     "cohere2": "Cohere2Model",
+    "ernie4_5": "Ernie4_5Model",
     "falcon": "FalconModel",
     "gemma": "GemmaModel",
     "gemma2": "Gemma2Model",
@@ -48,13 +50,16 @@ MODEL_MAPPING_NAMES = {
     "smollm3": "SmolLM3Model",
     "stablelm": "StableLmModel",
     "starcoder2": "Starcoder2Model",
+    "vaultgemma": "VaultGemmaModel",
 }
 
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "arcee": "ArceeForCausalLM",
     "bloom": "BloomForCausalLM",
     "codegen": "CodeGenForCausalLM",
+    "cohere": "CohereForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
     "falcon": "FalconForCausalLM",
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
@@ -89,6 +94,7 @@ MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "smollm3": "SmolLM3ForCausalLM",
     "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
+    "vaultgemma": "VaultGemmaForCausalLM",
 }
 
 
