@@ -11,6 +11,7 @@ from ...utils.hub import refuse_unsupported_hub_arguments
 
 CONFIG_MAPPING_NAMES = {
     "arcee": "ArceeConfig",
+    "biogpt": "BioGptConfig",
     "bloom": "BloomConfig",
     "codegen": "CodeGenConfig",
     "cohere": "CohereConfig",
@@ -38,6 +39,7 @@ CONFIG_MAPPING_NAMES = {
     "mpt": "MptConfig",
     "olmo": "OlmoConfig",
     "olmo2": "Olmo2Config",
+    "openai-gpt": "OpenAIGPTConfig",
     "opt": "OPTConfig",
     "persimmon": "PersimmonConfig",
     "phi": "PhiConfig",
@@ -51,11 +53,17 @@ CONFIG_MAPPING_NAMES = {
     "stablelm": "StableLmConfig",
     "starcoder2": "Starcoder2Config",
     "vaultgemma": "VaultGemmaConfig",
+    "xglm": "XGLMConfig",
 }
 
 
 # model_types whose package is named otherwise (upstream's text-only models live in their family's package)
-MODEL_TYPE_TO_MODULE_NAME = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen3_5_text": "qwen3_5"}
+MODEL_TYPE_TO_MODULE_NAME = {
+    "gemma3_text": "gemma3",
+    "gemma4_text": "gemma4",
+    "openai-gpt": "openai",
+    "qwen3_5_text": "qwen3_5",
+}
 
 
 def model_module_name(model_type: str) -> str:

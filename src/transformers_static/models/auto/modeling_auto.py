@@ -11,6 +11,7 @@ from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
     "arcee": "ArceeModel",
+    "biogpt": "BioGptModel",
     "bloom": "BloomModel",
     "codegen": "CodeGenModel",
     "cohere": "CohereModel",
@@ -38,6 +39,7 @@ MODEL_MAPPING_NAMES = {
     "mpt": "MptModel",
     "olmo": "OlmoModel",
     "olmo2": "Olmo2Model",
+    "openai-gpt": "OpenAIGPTModel",
     "opt": "OPTModel",
     "persimmon": "PersimmonModel",
     "phi": "PhiModel",
@@ -51,10 +53,12 @@ MODEL_MAPPING_NAMES = {
     "stablelm": "StableLmModel",
     "starcoder2": "Starcoder2Model",
     "vaultgemma": "VaultGemmaModel",
+    "xglm": "XGLMModel",
 }
 
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "arcee": "ArceeForCausalLM",
+    "biogpt": "BioGptForCausalLM",
     "bloom": "BloomForCausalLM",
     "codegen": "CodeGenForCausalLM",
     "cohere": "CohereForCausalLM",
@@ -82,6 +86,7 @@ MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "mpt": "MptForCausalLM",
     "olmo": "OlmoForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "openai-gpt": "OpenAIGPTLMHeadModel",
     "opt": "OPTForCausalLM",
     "persimmon": "PersimmonForCausalLM",
     "phi": "PhiForCausalLM",
@@ -95,6 +100,7 @@ MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
     "vaultgemma": "VaultGemmaForCausalLM",
+    "xglm": "XGLMForCausalLM",
 }
 
 

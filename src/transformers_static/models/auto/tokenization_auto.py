@@ -51,7 +51,7 @@ TOKENIZER_MAPPING_NAMES = {
     "starcoder2": "GPT2Tokenizer",
 }
 # Model types whose Hub tokenizer_class upstream overrides with the registered class.
-MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {"phi3", "qwen2"}
+MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {"hyperclovax", "phi3", "qwen2"}
 BACKEND_NAMES = {"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer", "BloomTokenizer"}
 # Class name -> module of its implementation here.
 TOKENIZER_CLASSES = {
