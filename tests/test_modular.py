@@ -109,3 +109,31 @@ def test_modular_files_the_converter_cannot_expand_are_reported(repo: Path) -> N
     )
     write(repo, GLM_MODULAR, two_parents)
     assert "cannot expand: builds on two models (mistral, llama)" in run_checker(repo).stdout
+
+
+def test_renames_come_from_the_parents_prefix_and_replaced_members_bring_their_comments(repo: Path) -> None:
+    """`LlambaMLP(LlamaMLP)` renames Llama->Llamba (the suffix both share, "aMLP", would say Llam->Llamb); a method
+    that replaces the parent's keeps its decorator and its own comment, not the parent's."""
+    write(repo, f"{MODELS}/llamba/__init__.py", "")
+    write(repo, "tests/models/llamba/test_modeling_llamba.py", PARITY_TEST)
+    edit(repo, f"{MODELS}/auto/configuration_auto.py", '    "llama"', '    "llamba": "LlambaConfig",\n    "llama"')
+    edit(repo, f"{MODELS}/auto/modeling_auto.py", '    "llama"', '    "llamba": "LlambaForCausalLM",\n    "llama"')
+    edit(
+        repo,
+        f"{MODELS}/llama/modeling_llama.py",
+        "    def forward(self, x):",
+        "    # the parent's note\n    def forward(self, x):",
+    )
+    write(
+        repo,
+        f"{MODELS}/llamba/modular_llamba.py",
+        '"""Llamba."""\n\nimport torch\n\nfrom ..llama.modeling_llama import LlamaMLP\n\n\n'
+        "class LlambaMLP(LlamaMLP):\n    # its own note\n    @torch.no_grad()\n    def forward(self, x):\n"
+        "        return self.up_proj(x)  # [batch, q_len, intermediate]\n",
+    )
+    fixed = run_checker(repo, "--fix")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    text = (repo / f"{MODELS}/llamba/modeling_llamba.py").read_text()
+    assert "class LlambaMLP(nn.Module):" in text and "Llamb" + "aa" not in text and "LlambMLP" not in text
+    assert "    # its own note\n    @torch.no_grad()\n    def forward(self, x):\n" in text
+    assert "return self.up_proj(x)  # [batch, q_len, intermediate]" in text and "the parent's note" not in text

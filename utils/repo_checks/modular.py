@@ -74,6 +74,15 @@ class Modular:
         text = "\n".join(line[width:] if not line[:width].strip() else line.lstrip() for line in lines)
         return self.rename_names(text)
 
+    def comments_above(self, node: ast.AST) -> str:
+        """The comment lines directly above `node` (its decorators), unindented, each ending in a newline."""
+        lines = self.text.splitlines()
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))]) - 1
+        start = first
+        while start > 0 and lines[start - 1].strip().startswith("#"):
+            start -= 1
+        return "".join(line.strip() + "\n" for line in lines[start:first])
+
     def rename_names(self, text: str) -> str:
         for name in sorted(self.imported, key=len, reverse=True):
             text = re.sub(rf"\b{name}\b", self.rename(name), text)
@@ -81,6 +90,7 @@ class Modular:
 
 
 def parse_modular(path: Path) -> Modular:
+    """`path` (models/<arch>/modular_<arch>.py) parsed, with its parent and renames."""
     text = path.read_text(encoding="utf-8")
     mod = Modular(path, text, ast.parse(text))
     for node in mod.tree.body:
@@ -94,34 +104,42 @@ def parse_modular(path: Path) -> Modular:
         raise ModularError("imports nothing from a parent model (`from ..<parent>.modeling_<parent> import ...`)")
     if ast.get_docstring(mod.tree) is None:
         raise ModularError("has no module docstring (it becomes the expansions' docstring)")
-    ((old, new),) = infer_renames(mod)
+    ((old, new),) = infer_renames(mod, path.parents[2])
     mod.renames = {old: new, old.lower(): new.lower(), old.upper(): new.upper()}
     arch = path.parent.name  # the directories name modules and model types: llama -> seed_oss, not seedoss
     mod.renames |= {mod.parent: arch, mod.parent.upper(): arch.upper()}
     return mod
 
 
-def infer_renames(mod: Modular) -> list[tuple[str, str]]:
-    """The one `Parent->Child` prefix pair that the modular classes' names and their parent bases share."""
+def infer_renames(mod: Modular, package: Path) -> list[tuple[str, str]]:
+    """The one `Parent->Child` prefix pair of the modular classes and their parent bases: the parent's prefix is its
+    `<Prefix>PreTrainedModel` (or `<Prefix>Config`, `<Prefix>Model`) class's, so `MinistralX(MistralX)` is Mistral->Ministral, not
+    the common-suffix guess Mi->Mini."""
+    prefix = parent_prefix(mod, package)
     pairs = set()
     for node in mod.tree.body:
         if isinstance(node, ast.ClassDef):
             for base in node.bases:
-                if isinstance(base, ast.Name) and base.id in mod.imported:
-                    suffix = common_suffix(base.id, node.name)
-                    if suffix:
-                        pairs.add((base.id[: -len(suffix)], node.name[: -len(suffix)]))
+                if isinstance(base, ast.Name) and base.id in mod.imported and base.id.startswith(prefix):
+                    rest = base.id[len(prefix) :]
+                    if node.name.endswith(rest) and len(node.name) > len(rest):
+                        pairs.add((prefix, node.name[: len(node.name) - len(rest)]))
     if len(pairs) != 1:
         found = ", ".join(f"{a}->{b}" for a, b in sorted(pairs)) or "none"
-        raise ModularError(f"its classes must rename the parent's one way (class GlmX(LlamaX)); found: {found}")
+        raise ModularError(
+            f"its classes must rename the parent's {prefix}* one way (class GlmX({prefix}X)); found: {found}"
+        )
     return sorted(pairs)
 
 
-def common_suffix(a: str, b: str) -> str:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return a[len(a) - n :] if n else ""
+def parent_prefix(mod: Modular, package: Path) -> str:
+    for kind, suffix in (("modeling", "PreTrainedModel"), ("configuration", "Config"), ("modeling", "Model")):
+        path = package / "models" / mod.parent / f"{kind}_{mod.parent}.py"
+        if path.is_file():
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.ClassDef) and node.name.endswith(suffix) and node.name != suffix:
+                    return node.name[: -len(suffix)]
+    raise ModularError(f"finds no {mod.parent} model to build on (its <Prefix>PreTrainedModel, Config or Model)")
 
 
 def top_level_blocks(text: str, tree: ast.Module) -> list[tuple[ast.stmt, str]]:
@@ -167,7 +185,7 @@ def merge_class(mod: Modular, parent: ast.ClassDef, parent_text: str, child: ast
             if is_docstring(member) or isinstance(member, ast.Pass):
                 continue
             raise ModularError(f"{child.name}: only methods, class attributes and a docstring can be overridden")
-        source = indent(mod.segment(member))
+        source = indent(mod.comments_above(member) + mod.segment(member))
         (replaced.__setitem__(name, source) if name in members else added.append(source))
     child_doc = next((m for m in child.body if is_docstring(m)), None)
     bases = [
@@ -187,9 +205,10 @@ def merge_class(mod: Modular, parent: ast.ClassDef, parent_text: str, child: ast
         out.append(indent(mod.segment(child_doc)) + "\n\n")
     for member in parent.body:
         start, end = member_span(member, parent.lineno)
-        out.append("".join(body_lines[cursor:start]))  # blank lines and comments above the member
-        cursor = end
         name = member_name(member)
+        gap = body_lines[cursor:start]  # blank lines and comments above the member; a replaced one brings its own
+        out.append("".join(line for line in gap if not (name in replaced and line.strip().startswith("#"))))
+        cursor = end
         if is_docstring(member) and child_doc is not None:
             out.append(indent(mod.segment(child_doc)) + "\n")
         elif name in replaced:

@@ -13,7 +13,6 @@ class ArceeConfig(PretrainedConfig):
     """Llama's fields with Arcee's defaults (ReLU², AFM-4.5B's sizes); no `pretraining_tp`, as upstream."""
 
     model_type = "arcee"
-    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise_kv",

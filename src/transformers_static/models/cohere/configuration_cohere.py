@@ -19,6 +19,7 @@ class CohereConfig(PretrainedConfig):
 
     model_type = "cohere"
     # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    # The per-head q/k norm weights are replicated; each rank applies its own heads' rows (config.tp_heads).
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise_kv",

@@ -17,7 +17,7 @@ class GlmConfig(PretrainedConfig):
     None means upstream's three stop tokens. No `mlp_bias` or `pretraining_tp`, as upstream."""
 
     model_type = "glm"
-    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    # Tensor parallelism (integrations/tensor_parallel.py): heads split as Llama's, the fused MLP by gate/up blocks.
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise_kv",

@@ -85,4 +85,5 @@ class OlmoConfig(PretrainedConfig):
         self.attention_dropout = attention_dropout
         self.clip_qkv = clip_qkv
 
+    # Not a config.json field (as upstream): always `hidden_size // num_attention_heads`.
     head_dim = property(lambda self: self.hidden_size // self.num_attention_heads)
