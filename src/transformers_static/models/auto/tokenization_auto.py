@@ -34,6 +34,8 @@ TOKENIZER_MAPPING_NAMES = {
     "gpt_neox": "GPTNeoXTokenizer",
     "gptj": "GPT2Tokenizer",
     "granite": "TokenizersBackend",
+    "ministral": "TokenizersBackend",
+    "ministral3": "TokenizersBackend",
     "mistral": "TokenizersBackend",
     "mixtral": "TokenizersBackend",
     "mpt": "GPTNeoXTokenizer",

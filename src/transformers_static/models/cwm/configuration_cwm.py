@@ -1,0 +1,110 @@
+# Generated from modular_cwm.py by `make fix-copies` (utils/repo_checks/modular.py): edit that file, not this.
+"""CWM (Meta's Code World Model): Llama without attention biases, with llama3-scaled rotary positions, and
+sliding-window layers beside global ones (`layer_types`; by default layer i is global when `i % 4 == 0`), one mask
+per kind made once per forward.
+
+A single 4D `attention_mask` is used as given by every layer, windowed or not (as upstream does); to give each kind
+its own 4D mask, pass a dict `{"full_attention": ..., "sliding_attention": ...}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...configuration_utils import PretrainedConfig
+from ...modeling_attn_mask_utils import FULL_ATTENTION, SLIDING_ATTENTION
+from ...modeling_rope_utils import standardize_rope_parameters
+
+
+class CwmConfig(PretrainedConfig):
+    """Llama's fields without `attention_bias`, with CWM's defaults (llama3 rope over 8192 positions, rope_theta
+    1e6, head_dim 128, three Llama 3 EOS ids), `sliding_window` (8192; 0 or None: none) and `layer_types`."""
+
+    model_type = "cwm"
+    # Tensor parallelism (integrations/tensor_parallel.py): modules of the base model -> how each rank splits them.
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise_kv",
+        "layers.*.self_attn.v_proj": "colwise_kv",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 128256,
+        hidden_size: int = 6144,
+        intermediate_size: int = 21504,
+        num_hidden_layers: int = 64,
+        num_attention_heads: int = 48,
+        num_key_value_heads: int | None = 8,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 131072,
+        initializer_range: float = 0.02,
+        rms_norm_eps: float = 1e-5,
+        pretraining_tp: int = 1,
+        rope_parameters: dict[str, Any] | None = None,
+        attention_dropout: float = 0.0,
+        mlp_bias: bool = False,
+        head_dim: int | None = 128,
+        sliding_window: int | None = 8192,
+        layer_types: list[str] | None = None,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = 128000,
+        eos_token_id: int | list[int] | None = None,
+        tie_word_embeddings: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if rope_parameters is None and kwargs.get("rope_scaling") is None:
+            rope_parameters = {
+                "rope_theta": 1_000_000.0,
+                "factor": 16.0,
+                "high_freq_factor": 4.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            }
+        rope_parameters = standardize_rope_parameters(
+            rope_parameters, kwargs.pop("rope_theta", None), kwargs.pop("rope_scaling", None), default_theta=1e6
+        )
+        eos_token_id = [128001, 128008, 128009] if eos_token_id is None else eos_token_id
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+        num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        if num_attention_heads % num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({num_attention_heads}) must be divisible by num_key_value_heads ({num_key_value_heads})"
+            )
+        sliding_window = int(sliding_window) if sliding_window else None
+        if layer_types is None:
+            layer_types = [FULL_ATTENTION if i % 4 == 0 else SLIDING_ATTENTION for i in range(num_hidden_layers)]
+        if len(layer_types) != num_hidden_layers or not set(layer_types) <= {FULL_ATTENTION, SLIDING_ATTENTION}:
+            raise ValueError(
+                f"layer_types must give each of the {num_hidden_layers} layers {FULL_ATTENTION!r} or "
+                f"{SLIDING_ATTENTION!r}, got {layer_types}"
+            )
+        if SLIDING_ATTENTION in layer_types and sliding_window is None:
+            raise ValueError(f"layer_types has {SLIDING_ATTENTION!r} layers but sliding_window is {sliding_window}")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.rms_norm_eps = rms_norm_eps
+        self.pretraining_tp = pretraining_tp
+        self.rope_parameters = rope_parameters
+        self.attention_dropout = attention_dropout
+        self.mlp_bias = mlp_bias
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.sliding_window = sliding_window
+        self.layer_types = list(layer_types)
