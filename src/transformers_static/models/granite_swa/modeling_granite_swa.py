@@ -1,0 +1,238 @@
+# Generated from modular_granite_swa.py by `make fix-copies` (utils/repo_checks/modular.py): edit that file, not this.
+"""GraniteSWA: Granite (its embedding, attention, residual and logits multipliers) with sliding-window layers beside
+full ones (`config.layer_types`, one mask per kind made once per forward), a learned sink logit per head in every
+attention layer (`sinks`: one more column in each query's softmax, dropped after it, as gpt-oss's; upstream writes
+it as the output scaled by `sigmoid(logsumexp(scores) - sink)`, the same thing), and a rotary base per layer
+(`config.layer_rope_theta`; 0: that layer has no position encoding).
+
+The sinks need the eager kernel (sdpa has no column to add): sdpa is refused, as upstream refuses it. A single 4D
+`attention_mask` is used as given by every layer, windowed or not (as upstream does); to give each kind its own 4D
+mask, pass a dict `{"full_attention": ..., "sliding_attention": ...}`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...activations import get_activation
+from ...attention_utils import attention_forward
+from ...cache_utils import Cache
+from ...modeling_attn_mask_utils import attention_type, mask_converters
+from ...modeling_causal_lm import CausalLMMixin
+from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
+from ...modeling_outputs import BaseModelOutputWithPast
+from ...modeling_rope_utils import rope_frequencies
+from ...modeling_utils import PreTrainedModel
+from .configuration_granite_swa import GraniteSWAConfig
+
+
+class GraniteSWARMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.float()
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class GraniteSWARotaryEmbedding(nn.Module):
+    """cos/sin tables `[batch, q_len, head_dim]` for the given positions at one rotary base `rope_theta` (the
+    config's other rotary parameters kept), computed in float32 (scaled by YaRN's attention factor with rope_type
+    "yarn")."""
+
+    def __init__(self, config: GraniteSWAConfig, rope_theta: float) -> None:
+        super().__init__()
+        params, dim = {**config.rope_parameters, "rope_theta": rope_theta}, config.head_dim
+        inv_freq, self.attention_scaling = rope_frequencies(params, dim, config.max_position_embeddings)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim // 2]
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :]  # [batch, q_len, head_dim // 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [batch, q_len, head_dim]
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Rotates half the hidden dims of the input."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries `[batch, heads, q_len, head_dim]` and keys by cos/sin `[batch, q_len, head_dim]`."""
+    cos, sin = cos[:, None], sin[:, None]  # [batch, 1, q_len, head_dim]
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class GraniteSWAMLP(nn.Module):
+    def __init__(self, config: GraniteSWAConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = get_activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GraniteSWAAttention(nn.Module):
+    """Granite's attention (scores times `attention_multiplier`) with a learned sink logit per head (`sinks`
+    `[heads]`) joining each query's softmax; rotary positions only when the layer's base is not 0 (the model then
+    passes no tables)."""
+
+    def __init__(self, config: GraniteSWAConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.scaling = config.attention_multiplier
+        self.attention_dropout = config.attention_dropout
+        q_dim, kv_dim = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_dim, config.hidden_size, bias=config.attention_bias)
+        self.sinks = nn.Parameter(torch.zeros(config.num_attention_heads))  # [heads]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        attention_mask: torch.Tensor,
+        cache_position: torch.Tensor,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        batch, q_len, _ = hidden_states.shape
+        hidden_shape = (batch, q_len, -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [batch, heads, q_len, head_dim]
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [batch, kv_heads, q_len, head_dim]
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        if position_embeddings is not None:  # None: a layer without position encoding (`layer_rope_theta` 0)
+            cos, sin = position_embeddings
+            query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        attn_output = attention_forward(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            cache_position=cache_position,
+            past_key_values=past_key_values,
+            scaling=self.scaling,
+            dropout=self.attention_dropout,
+            sinks=self.sinks,
+        )  # [batch, q_len, heads * head_dim]
+        return self.o_proj(attn_output)
+
+
+class GraniteSWADecoderLayer(nn.Module):
+    """Granite's block (attention and MLP outputs scaled by `residual_multiplier` before the residual), with the
+    rotary tables of its own base, or none."""
+
+    def __init__(self, config: GraniteSWAConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attention_type = attention_type(config, layer_idx)
+        self.self_attn = GraniteSWAAttention(config, layer_idx)
+        self.mlp = GraniteSWAMLP(config)
+        self.input_layernorm = GraniteSWARMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = GraniteSWARMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.residual_multiplier = config.residual_multiplier
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        inputs: AttentionInputs,
+    ) -> torch.Tensor:
+        attn_output = self.self_attn(
+            self.input_layernorm(hidden_states),
+            position_embeddings,
+            attention_mask=inputs.masks[self.attention_type],
+            cache_position=inputs.cache_position,
+            past_key_values=inputs.past_key_values,
+        )
+        hidden_states = hidden_states + attn_output * self.residual_multiplier
+        mlp_output = self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states + mlp_output * self.residual_multiplier
+
+
+class GraniteSWAPreTrainedModel(PreTrainedModel):
+    config_class = GraniteSWAConfig
+    base_model_prefix = "model"
+
+    def __init__(self, config: GraniteSWAConfig) -> None:
+        super().__init__(config)
+        if config._attn_implementation == "sdpa":
+            raise ValueError(
+                "GraniteSWA adds a learned sink logit per head to the attention softmax, which sdpa cannot do: use "
+                "attn_implementation='eager', this model's default (upstream refuses sdpa for GraniteSWA too)"
+            )
+
+
+class GraniteSWAModel(GraniteSWAPreTrainedModel):
+    """Granite's model with one rotary embedding per distinct nonzero base of `layer_rope_theta` (`rotary_embs`,
+    in increasing order, as upstream), each layer given its base's tables (none for base 0)."""
+
+    def __init__(self, config: GraniteSWAConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(GraniteSWADecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = GraniteSWARMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        thetas = sorted({theta for theta in config.layer_rope_theta if theta})
+        self.rotary_embs = nn.ModuleList(GraniteSWARotaryEmbedding(config, theta) for theta in thetas)
+        # each layer's index in rotary_embs, None without position encoding
+        self.layer_rotary = [thetas.index(theta) if theta else None for theta in config.layer_rope_theta]
+        self.mask_converters = mask_converters(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        cache_position: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> BaseModelOutputWithPast:
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens)  # [batch, q_len, hidden]
+        inputs_embeds = inputs_embeds * self.config.embedding_multiplier  # given embeddings too, as upstream
+        inputs = prepare_attention_inputs(
+            self,
+            inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            cache_position=cache_position,
+            use_cache=use_cache,
+        )
+        hidden_states = inputs_embeds
+        tables = [rotary_emb(hidden_states, inputs.position_ids) for rotary_emb in self.rotary_embs]
+        for layer, rotary in zip(self.layers, self.layer_rotary, strict=True):
+            hidden_states = layer(hidden_states, None if rotary is None else tables[rotary], inputs)
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=inputs.past_key_values)
+
+
+class GraniteSWAForCausalLM(CausalLMMixin, GraniteSWAPreTrainedModel):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
+
+    def __init__(self, config: GraniteSWAConfig) -> None:
+        super().__init__(config)
+        self.model = GraniteSWAModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits / self.config.logits_scaling  # [batch, q_len, vocab]
