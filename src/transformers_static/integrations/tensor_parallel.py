@@ -414,7 +414,7 @@ def _read_shards(model: PreTrainedModel, files: dict[str, str], shards: dict[str
                 if key in shards:
                     state[key] = _read_slices(view, shards[key])
                 elif key in expected:
-                    state[key] = view[:]
+                    state[key] = view[...]  # whole; `[:]` fails on a 0-dim tensor (xIELU's beta)
                 else:
                     state[key] = torch.empty(view.get_shape(), device="meta")
     return state

@@ -10,6 +10,7 @@ from ...configuration_utils import PretrainedConfig, load_config_dict
 from ...utils.hub import refuse_unsupported_hub_arguments
 
 CONFIG_MAPPING_NAMES = {
+    "apertus": "ApertusConfig",
     "arcee": "ArceeConfig",
     "biogpt": "BioGptConfig",
     "bloom": "BloomConfig",
@@ -37,12 +38,14 @@ CONFIG_MAPPING_NAMES = {
     "helium": "HeliumConfig",
     "hunyuan_v1_dense": "HunYuanDenseV1Config",
     "hyperclovax": "HyperCLOVAXConfig",
+    "jais2": "Jais2Config",
     "llama": "LlamaConfig",
     "ministral": "MinistralConfig",
     "ministral3": "Ministral3Config",
     "mistral": "MistralConfig",
     "mixtral": "MixtralConfig",
     "mpt": "MptConfig",
+    "nemotron": "NemotronConfig",
     "olmo": "OlmoConfig",
     "olmo2": "Olmo2Config",
     "olmo3": "Olmo3Config",

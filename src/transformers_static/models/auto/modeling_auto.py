@@ -10,6 +10,7 @@ from ...modeling_utils import PreTrainedModel
 from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
+    "apertus": "ApertusModel",
     "arcee": "ArceeModel",
     "biogpt": "BioGptModel",
     "bloom": "BloomModel",
@@ -37,12 +38,14 @@ MODEL_MAPPING_NAMES = {
     "helium": "HeliumModel",
     "hunyuan_v1_dense": "HunYuanDenseV1Model",
     "hyperclovax": "HyperCLOVAXModel",
+    "jais2": "Jais2Model",
     "llama": "LlamaModel",
     "ministral": "MinistralModel",
     "ministral3": "Ministral3Model",
     "mistral": "MistralModel",
     "mixtral": "MixtralModel",
     "mpt": "MptModel",
+    "nemotron": "NemotronModel",
     "olmo": "OlmoModel",
     "olmo2": "Olmo2Model",
     "olmo3": "Olmo3Model",
@@ -64,6 +67,7 @@ MODEL_MAPPING_NAMES = {
 }
 
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
+    "apertus": "ApertusForCausalLM",
     "arcee": "ArceeForCausalLM",
     "biogpt": "BioGptForCausalLM",
     "bloom": "BloomForCausalLM",
@@ -91,12 +95,14 @@ MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "helium": "HeliumForCausalLM",
     "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
     "hyperclovax": "HyperCLOVAXForCausalLM",
+    "jais2": "Jais2ForCausalLM",
     "llama": "LlamaForCausalLM",
     "ministral": "MinistralForCausalLM",
     "ministral3": "Ministral3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "mpt": "MptForCausalLM",
+    "nemotron": "NemotronForCausalLM",
     "olmo": "OlmoForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",

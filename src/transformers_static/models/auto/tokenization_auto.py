@@ -35,6 +35,7 @@ TOKENIZER_MAPPING_NAMES = {
     "gptj": "GPT2Tokenizer",
     "granite": "TokenizersBackend",
     "hyperclovax": "TokenizersBackend",
+    "jais2": "GPT2Tokenizer",
     "ministral": "TokenizersBackend",
     "ministral3": "TokenizersBackend",
     "mistral": "TokenizersBackend",
