@@ -26,6 +26,7 @@ CONFIG_MAPPING_NAMES = {
     "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config",
     "gemma3_text": "Gemma3TextConfig",
+    "gemma3n_text": "Gemma3nTextConfig",
     "gemma4_text": "Gemma4TextConfig",
     "glm": "GlmConfig",
     "glm4": "Glm4Config",
@@ -73,6 +74,7 @@ CONFIG_MAPPING_NAMES = {
 # model_types whose package is named otherwise (upstream's text-only models live in their family's package)
 MODEL_TYPE_TO_MODULE_NAME = {
     "gemma3_text": "gemma3",
+    "gemma3n_text": "gemma3n",
     "gemma4_text": "gemma4",
     "openai-gpt": "openai",
     "qwen3_5_text": "qwen3_5",

@@ -26,6 +26,7 @@ TOKENIZER_MAPPING_NAMES = {
     "gemma": "GemmaTokenizer",
     "gemma2": "GemmaTokenizer",
     "gemma3_text": "GemmaTokenizer",
+    "gemma3n_text": "GemmaTokenizer",
     "glm": "TokenizersBackend",
     "glm4": "TokenizersBackend",
     "gpt2": "GPT2Tokenizer",
