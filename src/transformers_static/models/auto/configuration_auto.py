@@ -18,6 +18,7 @@ CONFIG_MAPPING_NAMES = {
     "codegen": "CodeGenConfig",
     "cohere": "CohereConfig",
     "cohere2": "Cohere2Config",
+    "cohere_compass_text": "CohereCompassTextConfig",
     "ctrl": "CTRLConfig",
     "cwm": "CwmConfig",
     "ernie4_5": "Ernie4_5Config",
@@ -28,6 +29,7 @@ CONFIG_MAPPING_NAMES = {
     "gemma3_text": "Gemma3TextConfig",
     "gemma3n_text": "Gemma3nTextConfig",
     "gemma4_text": "Gemma4TextConfig",
+    "gemma4_unified_text": "Gemma4UnifiedTextConfig",
     "glm": "GlmConfig",
     "glm4": "Glm4Config",
     "gpt2": "GPT2Config",
@@ -73,9 +75,11 @@ CONFIG_MAPPING_NAMES = {
 
 # model_types whose package is named otherwise (upstream's text-only models live in their family's package)
 MODEL_TYPE_TO_MODULE_NAME = {
+    "cohere_compass_text": "cohere_compass",
     "gemma3_text": "gemma3",
     "gemma3n_text": "gemma3n",
     "gemma4_text": "gemma4",
+    "gemma4_unified_text": "gemma4_unified",
     "openai-gpt": "openai",
     "qwen3_5_text": "qwen3_5",
 }
