@@ -24,6 +24,7 @@ from transformers_static.compile_regions import (
     decoder_layers,
     default_strategy,
     flatten_layer_args,
+    install_layer_regions,
     unflatten_layer_args,
 )
 from transformers_static.generation.compilation import (
@@ -104,6 +105,35 @@ def test_layers_share_one_body_and_tokens_equal_eager(arch: tuple[str, Path]) ->
         (type(slot), *(t.shape for t in pytree.tree_leaves(slot)), getattr(slot, "window", None)) for slot in slots
     }
     assert len({node.args[0].target for node in calls}) == len(layouts)  # one body per slot layout (qwen2: 2)
+
+
+def test_layers_of_another_structure_get_a_body_of_their_own(tmp_path: Path) -> None:
+    """A first layer without its input norm (as ModernBERT's layer 0 has none) beside layers with one: dynamo would
+    match the others' calls to the first layer's body by their tensors alone (module guards are off) and drop their
+    norm; each structure gets its own region, so the tokens are eager's."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4
+    )
+    upstream = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in upstream.parameters():
+            param.add_(torch.randn_like(param) * 0.3)  # norm weights far from 1, so dropping one shows
+    upstream.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    model.model.layers[0].input_layernorm = torch.nn.Identity()
+    install_layer_regions(model)  # as if the model had built its first layer so
+    layers = decoder_layers(model)
+    assert layers[0]._layer_region is not layers[1]._layer_region is layers[2]._layer_region
+    ids = torch.tensor([[5, 9, 13, 17, 3, 8]])
+    expected = model.generate(ids, max_new_tokens=8, eos_token_id=None)
+    torch._dynamo.reset()
+    model._compiled_forwards = {"regional": compile_forward(model, "regional", backend="eager")}
+    try:
+        got = model.generate(ids, max_new_tokens=8, eos_token_id=None, compile="regional")
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got, expected)
 
 
 def test_layer_regions_are_matched_by_flat_arguments(arch: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -314,6 +314,20 @@ MUTANTS = (
         LLAMA + "test_greedy_generate_matches_upstream_static",
     ),
     mutant(
+        "layer-regions-ignore-structure",
+        "compile_regions.py",
+        "region = regions.setdefault(structure, LayerRegion(len(regions)))",
+        "region = regions.setdefault((), LayerRegion(len(regions)))",
+        COMPILATION + "test_layers_of_another_structure_get_a_body_of_their_own",
+    ),
+    mutant(
+        "layer-regions-share-one-code-object",
+        "compile_regions.py",
+        'name = f"{fn.__name__}_kind{kind}"',
+        "name = fn.__name__",
+        COMPILATION + "test_layers_of_another_structure_get_a_body_of_their_own",
+    ),
+    mutant(
         "logits-hook-skipped",
         CAUSAL_LM,
         "logits = self.scale_logits(self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:]))",

@@ -4,7 +4,8 @@
 Compiling a forward traces and compiles every decoder layer: on CPU most of a first call goes there (dynamo traces
 30 layers, inductor lowers and schedules them all). A region (hierarchical compilation,
 `torch.compiler.nested_compile_region`) keeps one graph for the step, so the step runs as fast, but the layer is
-compiled once and every layer calls that one body. A body is shared only when nothing layer-specific is a constant
+compiled once and every layer calls that one body. Layers of different structure (`layer_structure`: submodules,
+parameter shapes) get regions of their own. A body is shared only when nothing layer-specific is a constant
 inside it: each layer is handed its own cache slot (`StaticCache.layer(i)`) in place of the cache and its index, so
 the region's inputs are the layer's weights, its slot and the step's tensors (a layer of another kind, such as a
 sliding window or a recurrent layer, is traced again; with inputs of the same shapes it calls the same body, while
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -92,23 +94,35 @@ def install_layer_regions(model: nn.Module) -> None:
         layers = decoder_layers(model)
     except ValueError:
         return
-    region = LayerRegion()
+    regions: dict[tuple, LayerRegion] = {}
     for layer in layers:
+        structure = layer_structure(layer)
+        region = regions.setdefault(structure, LayerRegion(len(regions)))
         layer._layer_region, layer._cache_index = region, cache_index(layer)
         # a partial, not a bound method: pickled and deep-copied with the layer it names
         layer.forward = functools.partial(_routed_forward, layer)
 
 
+def layer_structure(layer: nn.Module) -> tuple:
+    """What must be equal for two layers to share a compiled body: their submodules' names and classes, and their
+    parameters' and buffers' names, shapes and dtypes. dynamo reuses a region's body for a call whose tensors match
+    the first call's, so a layer whose first norm is an `nn.Identity` (ModernBERT's layer 0) beside layers with a
+    norm there would otherwise run the others through its own body: wrong outputs, silently."""
+    modules = tuple((name, type(module).__qualname__) for name, module in layer.named_modules())
+    tensors = tuple((name, tuple(t.shape), t.dtype) for name, t in (*layer.named_parameters(), *layer.named_buffers()))
+    return modules, tensors
+
+
 class LayerRegion:
-    """A model's shared layer region: a fresh region function (dynamo bounds the bodies kept per function, so each
-    model gets its own). Pickled as a new one (compiled bodies are never saved)."""
+    """A model's shared region for the layers of one structure (`layer_structure`; `kind` numbers the structures):
+    fresh region functions whose code is the kind's own, since dynamo keeps a region's compiled bodies per code
+    object, and matches a call to a body by its tensors alone when module guards are off (as `compile_forward`
+    turns them off). Pickled as a new one (compiled bodies are never saved)."""
 
-    def __init__(self) -> None:
-        def layer_region(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return type(layer).forward(layer, *args, **kwargs)
-
-        self.region = torch.compiler.nested_compile_region(layer_region)
-        self.flat_region = torch.compiler.nested_compile_region(_flat_layer_region)
+    def __init__(self, kind: int = 0) -> None:
+        self.kind = kind
+        self.region = torch.compiler.nested_compile_region(_own_code(_layer_region, kind))
+        self.flat_region = torch.compiler.nested_compile_region(_own_code(_flat_layer_region, kind))
 
     def __call__(self, layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
         leaves = flatten_layer_args(args, kwargs)
@@ -117,7 +131,18 @@ class LayerRegion:
         return self.region(layer, *args, **kwargs)
 
     def __reduce__(self) -> tuple[type, tuple]:
-        return LayerRegion, ()
+        return LayerRegion, (self.kind,)
+
+
+def _own_code(fn: Any, kind: int) -> Any:
+    """`fn` as a new function whose code object is unequal to `fn`'s for each `kind` (its name says the kind)."""
+    name = f"{fn.__name__}_kind{kind}"
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def _layer_region(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return type(layer).forward(layer, *args, **kwargs)
 
 
 def _routed_forward(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
