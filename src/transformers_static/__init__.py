@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 # Public architecture class -> the module defining it, relative to this package.
 _ARCHITECTURE_CLASSES = {
-    name: f".models.{model_module_name(model_type)}.{kind}_{model_module_name(model_type)}"
+    name: f".models.{model_module_name(model_type, kind)}.{kind}_{model_module_name(model_type, kind)}"
     for kind, mapping in (
         ("configuration", CONFIG_MAPPING_NAMES),
         ("modeling", MODEL_MAPPING_NAMES),

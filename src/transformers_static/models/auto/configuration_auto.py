@@ -21,6 +21,8 @@ CONFIG_MAPPING_NAMES = {
     "cohere_compass_text": "CohereCompassTextConfig",
     "ctrl": "CTRLConfig",
     "cwm": "CwmConfig",
+    "diffllama": "DiffLlamaConfig",
+    "doge": "DogeConfig",
     "ernie4_5": "Ernie4_5Config",
     "exaone4": "Exaone4Config",
     "falcon": "FalconConfig",
@@ -44,6 +46,8 @@ CONFIG_MAPPING_NAMES = {
     "helium": "HeliumConfig",
     "hunyuan_v1_dense": "HunYuanDenseV1Config",
     "hyperclovax": "HyperCLOVAXConfig",
+    "internlm3": "InternLM3Config",
+    "iquestcoder": "IQuestCoderConfig",
     "jais2": "Jais2Config",
     "llama": "LlamaConfig",
     "ministral": "MinistralConfig",
@@ -85,8 +89,18 @@ MODEL_TYPE_TO_MODULE_NAME = {
 }
 
 
-def model_module_name(model_type: str) -> str:
-    """The `models/<name>/` package of a model_type."""
+# model_types whose model classes are another type's (upstream's auto classes build Llama's classes for these, with
+# the type's own config): the package of their `modeling` module
+MODELING_MODULE_NAME = {
+    "internlm3": "llama",
+    "iquestcoder": "llama",
+}
+
+
+def model_module_name(model_type: str, kind: str = "configuration") -> str:
+    """The `models/<name>/` package of a model_type's `kind` module."""
+    if kind == "modeling" and model_type in MODELING_MODULE_NAME:
+        return MODELING_MODULE_NAME[model_type]
     return MODEL_TYPE_TO_MODULE_NAME.get(model_type, model_type)
 
 
@@ -94,7 +108,7 @@ def model_class(model_type: str, kind: str, mapping: dict[str, str]) -> type:
     """Import `mapping[model_type]` from `models/<package>/<kind>_<package>.py`."""
     if model_type not in mapping:
         raise ValueError(f"Unknown model_type {model_type!r}; supported model types: {', '.join(sorted(mapping))}")
-    name = model_module_name(model_type)
+    name = model_module_name(model_type, kind)
     module = importlib.import_module(f"transformers_static.models.{name}.{kind}_{name}")
     return getattr(module, mapping[model_type])
 
