@@ -43,6 +43,7 @@ TOKENIZER_MAPPING_NAMES = {
     "ministral3": "TokenizersBackend",
     "mistral": "TokenizersBackend",
     "mixtral": "TokenizersBackend",
+    "modernbert-decoder": "TokenizersBackend",
     "mpt": "GPTNeoXTokenizer",
     "olmo": "GPTNeoXTokenizer",
     "olmo2": "TokenizersBackend",
