@@ -45,6 +45,7 @@ CONFIG_MAPPING_NAMES = {
     "granite": "GraniteConfig",
     "granite_swa": "GraniteSWAConfig",
     "helium": "HeliumConfig",
+    "hrm_text": "HrmTextConfig",
     "hunyuan_v1_dense": "HunYuanDenseV1Config",
     "hyperclovax": "HyperCLOVAXConfig",
     "internlm3": "InternLM3Config",
