@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: install demo test mutation stage gpu-check quality style repo-consistency fix-copies
+.PHONY: install demo test mutation stage gpu-check quality style repo-consistency fix-copies models-table
 
 install:
 	test -x $(PY) || python3 -m venv .venv
@@ -51,3 +51,7 @@ repo-consistency:
 
 fix-copies:
 	$(PY) utils/check_masks.py --fix
+
+# docs/MODELS.md: every upstream causal-LM type with its status here (`utils/models_table.py --check` checks it).
+models-table:
+	$(PY) utils/models_table.py

@@ -69,25 +69,158 @@ LAYERS = dict(num_hidden_layers=2, num_attention_heads=4)
 GEMMA = dict(hidden_size=32, intermediate_size=64, num_key_value_heads=1, head_dim=8, **LAYERS)
 # Every architecture's tiny upstream model (Falcon with its optional biases).
 ARCHITECTURES = {
+    "biogpt": (
+        transformers.BioGptForCausalLM,
+        transformers.BioGptConfig(hidden_size=32, intermediate_size=64, max_position_embeddings=64, **LAYERS),
+    ),
+    "bitnet": (
+        transformers.BitNetForCausalLM,
+        transformers.BitNetConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
     "bloom": (transformers.BloomForCausalLM, transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4)),
+    "codegen": (
+        transformers.CodeGenForCausalLM,
+        transformers.CodeGenConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64),
+    ),
+    "ctrl": (
+        transformers.CTRLLMHeadModel,
+        transformers.CTRLConfig(n_embd=32, n_layer=2, n_head=4, dff=64, n_positions=64),
+    ),
+    "cwm": (
+        transformers.CwmForCausalLM,
+        transformers.CwmConfig(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, sliding_window=4, **LAYERS
+        ),
+    ),
+    "diffllama": (
+        transformers.DiffLlamaForCausalLM,
+        transformers.DiffLlamaConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "doge": (
+        transformers.DogeForCausalLM,
+        # keep_window_size left at its default: the keys it keeps can change under int8's rounding (a discontinuity)
+        transformers.DogeConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "exaone4": (
+        transformers.Exaone4ForCausalLM,
+        transformers.Exaone4Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_key_value_heads=2,
+            sliding_window=4,
+            sliding_window_pattern=2,
+            **LAYERS,
+        ),
+    ),
     "falcon": (transformers.FalconForCausalLM, transformers.FalconConfig(hidden_size=32, bias=True, **LAYERS)),
     "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig(**GEMMA)),
     "gemma2": (
         transformers.Gemma2ForCausalLM,
         transformers.Gemma2Config(final_logit_softcapping=3.0, **GEMMA),
     ),
+    "apertus": (
+        transformers.ApertusForCausalLM,
+        transformers.ApertusConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "arcee": (transformers.ArceeForCausalLM, transformers.ArceeConfig(hidden_size=32, intermediate_size=64, **LAYERS)),
+    "glm": (
+        transformers.GlmForCausalLM,
+        transformers.GlmConfig(hidden_size=32, intermediate_size=64, head_dim=8, **LAYERS),
+    ),
+    "glm4": (
+        transformers.Glm4ForCausalLM,
+        transformers.Glm4Config(hidden_size=32, intermediate_size=64, head_dim=8, **LAYERS),
+    ),
     "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+    "gpt_bigcode": (
+        transformers.GPTBigCodeForCausalLM,
+        transformers.GPTBigCodeConfig(n_embd=32, n_layer=2, n_head=4, n_positions=64),
+    ),
+    "gpt_neo": (
+        transformers.GPTNeoForCausalLM,
+        transformers.GPTNeoConfig(
+            hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=4
+        ),
+    ),
     "gpt_neox": (
         transformers.GPTNeoXForCausalLM,
         transformers.GPTNeoXConfig(hidden_size=32, intermediate_size=64, **LAYERS),
     ),
+    "gpt_neox_japanese": (
+        transformers.GPTNeoXJapaneseForCausalLM,
+        transformers.GPTNeoXJapaneseConfig(hidden_size=32, intermediate_multiple_size=2, rotary_pct=0.5, **LAYERS),
+    ),
     "gptj": (transformers.GPTJForCausalLM, transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4)),
+    "helium": (
+        transformers.HeliumForCausalLM,
+        transformers.HeliumConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, **LAYERS),
+    ),
+    "hrm_text": (
+        transformers.HrmTextForCausalLM,
+        transformers.HrmTextConfig(hidden_size=32, intermediate_size=64, head_dim=8, H_cycles=2, L_cycles=1, **LAYERS),
+    ),
+    "internlm3": (
+        transformers.LlamaForCausalLM,
+        transformers.InternLM3Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_key_value_heads=2,
+            head_dim=16,
+            qkv_bias=True,
+            bias=True,
+            **LAYERS,
+        ),
+    ),
+    "iquestcoder": (
+        transformers.LlamaForCausalLM,
+        transformers.IQuestCoderConfig(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, **LAYERS
+        ),
+    ),
+    "jais2": (
+        transformers.Jais2ForCausalLM,
+        transformers.Jais2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
     "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig(hidden_size=32, intermediate_size=64, **LAYERS)),
+    "ministral": (
+        transformers.MinistralForCausalLM,
+        transformers.MinistralConfig(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, sliding_window=4, **LAYERS
+        ),
+    ),
+    "ministral3": (
+        transformers.Ministral3ForCausalLM,
+        transformers.Ministral3Config(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, **LAYERS
+        ),
+    ),
     "mistral": (
         transformers.MistralForCausalLM,
         transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
     ),
+    "modernbert-decoder": (
+        transformers.ModernBertDecoderForCausalLM,
+        transformers.ModernBertDecoderConfig(
+            hidden_size=32, intermediate_size=64, local_attention=8, cls_token_id=1, sep_token_id=1, **LAYERS
+        ),
+    ),
+    "mpt": (
+        transformers.MptForCausalLM,
+        transformers.MptConfig(d_model=32, n_layers=2, n_heads=4, attn_config={"clip_qkv": 4.0}),
+    ),
+    "nanochat": (
+        transformers.NanoChatForCausalLM,
+        transformers.NanoChatConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "nemotron": (
+        transformers.NemotronForCausalLM,
+        transformers.NemotronConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
     "opt": (transformers.OPTForCausalLM, transformers.OPTConfig(hidden_size=32, ffn_dim=64, **LAYERS)),
+    "persimmon": (
+        transformers.PersimmonForCausalLM,
+        transformers.PersimmonConfig(hidden_size=32, intermediate_size=64, **LAYERS),
+    ),
     "phi": (transformers.PhiForCausalLM, transformers.PhiConfig(hidden_size=32, intermediate_size=64, **LAYERS)),
     "phi3": (transformers.Phi3ForCausalLM, transformers.Phi3Config(hidden_size=32, intermediate_size=64, **LAYERS)),
     "qwen2": (
@@ -99,25 +232,123 @@ ARCHITECTURES = {
         transformers.Qwen3Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, **LAYERS),
     ),
     "gemma3_text": (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig(sliding_window=4, **GEMMA)),
+    "gemma3n_text": (
+        transformers.Gemma3nForCausalLM,
+        transformers.Gemma3nTextConfig(
+            sliding_window=4,
+            num_kv_shared_layers=0,
+            altup_num_inputs=2,
+            laurel_rank=4,
+            hidden_size_per_layer_input=4,
+            vocab_size_per_layer_input=VOCAB,
+            activation_sparsity_pattern=[0.9, 0.0],
+            **GEMMA,
+        ),
+    ),
+    "gemma4_unified_text": (
+        transformers.Gemma4UnifiedForCausalLM,
+        transformers.Gemma4UnifiedTextConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_key_value_heads=2,
+            head_dim=8,
+            global_head_dim=16,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=4,
+            **LAYERS,
+        ),
+    ),
     "smollm3": (
         transformers.SmolLM3ForCausalLM,
         transformers.SmolLM3Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "stablelm": (
+        transformers.StableLmForCausalLM,
+        transformers.StableLmConfig(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, qk_layernorm=True, use_qkv_bias=True, **LAYERS
+        ),
     ),
     "starcoder2": (
         transformers.Starcoder2ForCausalLM,
         transformers.Starcoder2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
     ),
+    "xglm": (
+        transformers.XGLMForCausalLM,
+        transformers.XGLMConfig(d_model=32, ffn_dim=64, num_layers=2, attention_heads=4, max_position_embeddings=64),
+    ),
+    "olmo": (
+        transformers.OlmoForCausalLM,
+        transformers.OlmoConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, clip_qkv=1.0, **LAYERS),
+    ),
     "olmo2": (
         transformers.Olmo2ForCausalLM,
         transformers.Olmo2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
+    ),
+    "olmo3": (
+        transformers.Olmo3ForCausalLM,
+        transformers.Olmo3Config(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, sliding_window=4, **LAYERS
+        ),
+    ),
+    "seed_oss": (
+        transformers.SeedOssForCausalLM,
+        transformers.SeedOssConfig(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=16, attention_out_bias=True, **LAYERS
+        ),
+    ),
+    "hunyuan_v1_dense": (
+        transformers.HunYuanDenseV1ForCausalLM,
+        transformers.HunYuanDenseV1Config(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, **LAYERS
+        ),
     ),
     "granite": (
         transformers.GraniteForCausalLM,
         transformers.GraniteConfig(hidden_size=32, intermediate_size=64, logits_scaling=4.0, **LAYERS),
     ),
+    "granite_swa": (
+        transformers.GraniteSWAForCausalLM,
+        transformers.GraniteSWAConfig(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, sliding_window=4, logits_scaling=4.0, **LAYERS
+        ),
+    ),
+    "hyperclovax": (
+        transformers.HyperCLOVAXForCausalLM,
+        transformers.HyperCLOVAXConfig(hidden_size=32, intermediate_size=64, logits_scaling=0.5, **LAYERS),
+    ),
+    "cohere": (
+        transformers.CohereForCausalLM,
+        transformers.CohereConfig(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, use_qk_norm=True, logit_scale=0.5, **LAYERS
+        ),
+    ),
     "cohere2": (
         transformers.Cohere2ForCausalLM,
         transformers.Cohere2Config(hidden_size=32, intermediate_size=64, sliding_window=4, logit_scale=0.5, **LAYERS),
+    ),
+    "cohere_compass_text": (
+        transformers.CohereCompassForCausalLM,
+        transformers.CohereCompassTextConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"sliding_attention": {"rope_theta": 1e4}, "full_attention": None},
+            logit_scale=0.5,
+            **LAYERS,
+        ),
+    ),
+    "ernie4_5": (
+        transformers.Ernie4_5ForCausalLM,
+        transformers.Ernie4_5Config(
+            hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, use_bias=True, **LAYERS
+        ),
+    ),
+    "vaultgemma": (
+        transformers.VaultGemmaForCausalLM,
+        transformers.VaultGemmaConfig(final_logit_softcapping=3.0, sliding_window=4, **GEMMA),
     ),
 }
 # Layers that stay in the model dtype on purpose (quantization/__init__.py): Gemma2's soft-capped head.

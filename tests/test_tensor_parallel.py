@@ -74,6 +74,36 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     ),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(SIZES, num_key_value_heads=2, sliding_window=5), {}),
     "mistral_kv1": kv1("MistralConfig", "MistralForCausalLM", {"attn": "eager"}, sliding_window=5),
+    "ministral": (
+        "MinistralConfig",
+        "MinistralForCausalLM",
+        dict(
+            SIZES,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        {},
+    ),
+    # Llama 4's query scale stepping up every 4 positions, YaRN
+    "ministral3": (
+        "Ministral3Config",
+        "Ministral3ForCausalLM",
+        dict(
+            SIZES,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=1e4,
+                factor=4.0,
+                original_max_position_embeddings=4,
+                llama_4_scaling_beta=0.5,
+            ),
+        ),
+        {},
+    ),
     "qwen2": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
@@ -99,7 +129,40 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     "gemma2_kv1": kv1("Gemma2Config", "Gemma2ForCausalLM", {"attn": "eager"}, head_dim=16),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(SIZES, partial_rotary_factor=0.5, qk_layernorm=True), {}),
     "phi_kv1": kv1("PhiConfig", "PhiForCausalLM"),
+    # a LayerNorm per query/key head: each rank applies its own heads' norms (the kv1 rank its one key head's)
+    "stablelm": (
+        "StableLmConfig",
+        "StableLmForCausalLM",
+        dict(SIZES, num_key_value_heads=2, qk_layernorm=True, use_parallel_residual=True, use_qkv_bias=True),
+        {},
+    ),
+    "stablelm_kv1": kv1("StableLmConfig", "StableLmForCausalLM", qk_layernorm=True),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64), {}),
+    "gpt_bigcode": (
+        "GPTBigCodeConfig",
+        "GPTBigCodeForCausalLM",
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
+        {},
+    ),
+    "gpt_bigcode_multi_head": (
+        "GPTBigCodeConfig",
+        "GPTBigCodeForCausalLM",
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, multi_query=False, tie_word_embeddings=False),
+        {"attn": "eager"},
+    ),
+    "gpt_neo": (
+        "GPTNeoConfig",
+        "GPTNeoForCausalLM",
+        dict(
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=5,
+            max_position_embeddings=64,
+        ),
+        {},
+    ),
     "opt": (
         "OPTConfig",
         "OPTForCausalLM",
@@ -113,8 +176,33 @@ CHECKPOINTS: dict[str, Checkpoint] = {
         ),
         {},
     ),
+    "biogpt": ("BioGptConfig", "BioGptForCausalLM", dict(SIZES, max_position_embeddings=64), {}),
+    "xglm": (
+        "XGLMConfig",
+        "XGLMForCausalLM",
+        dict(d_model=64, ffn_dim=128, num_layers=2, attention_heads=4, max_position_embeddings=64),
+        {},
+    ),
+    "openai-gpt": (
+        "OpenAIGPTConfig",
+        "OpenAIGPTLMHeadModel",
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
+        {},
+    ),
+    # biases on every projection and on the tied head (split with its vocabulary rows)
+    "ctrl": ("CTRLConfig", "CTRLLMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, dff=128, n_positions=64), {}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(SIZES, rotary_pct=0.5), {}),
+    # the last layer's replicated dense_bias, added after dense's reduction
+    "gpt_neox_japanese": (
+        "GPTNeoXJapaneseConfig",
+        "GPTNeoXJapaneseForCausalLM",
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_multiple_size=2, rotary_pct=0.5),
+        {},
+    ),
+    "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", dict(SIZES), {}),
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=64, n_layer=2, n_head=4), {}),
+    # ALiBi slopes of each rank's heads; [q | k | v] blocks in Wqkv, clipped
+    "mpt": ("MptConfig", "MptForCausalLM", dict(d_model=64, n_layers=2, n_heads=4, attn_config={"clip_qkv": 4.0}), {}),
     "falcon_alibi_multi_query": (
         "FalconConfig",
         "FalconForCausalLM",
@@ -172,20 +260,131 @@ CHECKPOINTS: dict[str, Checkpoint] = {
         dict(SIZES, num_key_value_heads=2, sliding_window=5),
         {},
     ),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(SIZES, num_key_value_heads=2, clip_qkv=1.0), {}),
+    # per-head q/k norms (split with their heads), rope on the sliding layers only, post-norms
+    "exaone4": (
+        "Exaone4Config",
+        "Exaone4ForCausalLM",
+        dict(SIZES, num_key_value_heads=2, sliding_window=5, sliding_window_pattern=2),
+        {},
+    ),
+    "cwm": ("CwmConfig", "CwmForCausalLM", dict(SIZES, num_key_value_heads=2, head_dim=16, sliding_window=5), {}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(SIZES, num_key_value_heads=2), {}),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", dict(SIZES, num_key_value_heads=2, sliding_window=5), {}),
+    # biased q/k/v split by heads, o_proj's bias (attention_out_bias) added once after the row-wise reduction
+    "seed_oss": (
+        "SeedOssConfig",
+        "SeedOssForCausalLM",
+        dict(SIZES, num_key_value_heads=2, head_dim=32, attention_out_bias=True),
+        {},
+    ),
+    # per-head q/k RMSNorms (one weight shared by the heads): each rank norms its own heads
+    "hunyuan_v1_dense": (
+        "HunYuanDenseV1Config",
+        "HunYuanDenseV1ForCausalLM",
+        dict(
+            SIZES, num_key_value_heads=2, head_dim=16, rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}
+        ),
+        {},
+    ),
+    "hunyuan_v1_dense_kv1": kv1("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", head_dim=16),
     "granite": (
         "GraniteConfig",
         "GraniteForCausalLM",
         dict(SIZES, num_key_value_heads=2, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0),
         {},
     ),
+    # sinks split with their query heads; a layer without position encoding (layer_rope_theta 0)
+    "granite_swa": (
+        "GraniteSWAConfig",
+        "GraniteSWAForCausalLM",
+        dict(SIZES, num_key_value_heads=2, sliding_window=5, layer_rope_theta=[1e4, 0], logits_scaling=4.0),
+        {"attn": "eager"},
+    ),
+    "hyperclovax": (
+        "HyperCLOVAXConfig",
+        "HyperCLOVAXForCausalLM",
+        dict(SIZES, num_key_value_heads=2, residual_multiplier=0.5, logits_scaling=0.5),
+        {},
+    ),
+    # Llama's classes under their own configs (upstream's auto classes build LlamaForCausalLM for these)
+    "internlm3": (
+        "InternLM3Config",
+        "LlamaForCausalLM",
+        dict(SIZES, num_key_value_heads=2, head_dim=32, qkv_bias=True, bias=True),
+        {},
+    ),
+    "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM", dict(SIZES, num_key_value_heads=2, head_dim=8), {}),
+    # per-head q/k LayerNorm weights replicated; each rank applies its own heads' rows (the kv1 rank its one head's)
+    "cohere": (
+        "CohereConfig",
+        "CohereForCausalLM",
+        dict(SIZES, num_key_value_heads=2, use_qk_norm=True, attention_bias=True, logit_scale=0.5),
+        {},
+    ),
+    "cohere_kv1": kv1("CohereConfig", "CohereForCausalLM", use_qk_norm=True),
     "cohere2": (
         "Cohere2Config",
         "Cohere2ForCausalLM",
         dict(SIZES, num_key_value_heads=2, sliding_window=5, sliding_window_pattern=2, logit_scale=0.5),
         {},
     ),
+    # rotary on the sliding layers only (per-kind rope_parameters), rotate_half layout
+    "cohere_compass_text": (
+        "CohereCompassTextConfig",
+        "CohereCompassForCausalLM",
+        dict(
+            SIZES,
+            num_key_value_heads=2,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"sliding_attention": {"rope_theta": 1e4}, "full_attention": None},
+            logit_scale=0.5,
+        ),
+        {},
+    ),
+    "ernie4_5": (
+        "Ernie4_5Config",
+        "Ernie4_5ForCausalLM",
+        dict(SIZES, num_key_value_heads=2, head_dim=16, use_bias=True),
+        {},
+    ),
+    "vaultgemma": (
+        "VaultGemmaConfig",
+        "VaultGemmaForCausalLM",
+        dict(
+            SIZES,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=5,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+        {"attn": "eager"},
+    ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(SIZES, num_key_value_heads=2, pad_token_id=1), {}),
+    # LayerNorms with bias (replicated); LayerNorm1P and a quarter of each head rotated
+    "jais2": ("Jais2Config", "Jais2ForCausalLM", dict(SIZES, num_key_value_heads=2), {}),
+    # xIELU's 0-dim beta / eps buffers, replicated; per-head q/k norms (one weight for all heads)
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", dict(SIZES, num_key_value_heads=2, pad_token_id=0), {}),
+    # parameter-free per-head q/k norms (each rank norms its own heads), fc1/fc2 ReLU² MLP, soft-capped logits
+    "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", dict(SIZES, num_key_value_heads=2), {}),
+    "nemotron": (
+        "NemotronConfig",
+        "NemotronForCausalLM",
+        dict(SIZES, num_key_value_heads=2, partial_rotary_factor=0.25),
+        {},
+    ),
+    # Phi-3's fused gate_up MLP split by gate/up blocks, q/k/v biases split with their heads, partial rotary
+    "glm": ("GlmConfig", "GlmForCausalLM", dict(SIZES, num_key_value_heads=2, head_dim=16, pad_token_id=1), {}),
+    "glm_kv1": kv1("GlmConfig", "GlmForCausalLM", head_dim=16, pad_token_id=1),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", dict(SIZES, num_key_value_heads=2, head_dim=16, pad_token_id=1), {}),
+    "helium": (
+        "HeliumConfig",
+        "HeliumForCausalLM",
+        dict(SIZES, num_key_value_heads=2, head_dim=16, pad_token_id=1, attention_bias=True),
+        {},
+    ),
     # global layers with their own head size and one key/value head (replicated), values from the key projection,
     # the last layer reusing an earlier one's keys/values, per-layer inputs, experts (replicated)
     "gemma4_text": (
@@ -211,6 +410,25 @@ CHECKPOINTS: dict[str, Checkpoint] = {
         ),
         {},
     ),
+    # Gemma 4's attention (global head size, one key/value head replicated, values from the key projection, the
+    # last layer reusing an earlier one's keys/values) without per-layer inputs or experts
+    "gemma4_unified_text": (
+        "Gemma4UnifiedTextConfig",
+        "Gemma4UnifiedForCausalLM",
+        dict(
+            SIZES,
+            num_hidden_layers=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            num_kv_shared_layers=1,
+        ),
+        {},
+    ),
     # gated delta-net layers replicated (their states whole on each rank), the attention layers split by heads
     "qwen3_5_text": (
         "Qwen3_5TextConfig",
@@ -233,6 +451,7 @@ CHECKPOINTS: dict[str, Checkpoint] = {
 # Qwen3.5's gated delta-net layers are replicated: every rank runs them whole (their recurrent states too).
 WHOLE_ON_PURPOSE = {
     "olmo2": ("self_attn.q_proj", "self_attn.k_proj"),
+    "olmo3": ("self_attn.q_proj", "self_attn.k_proj"),
     "qwen3_5_text": tuple(
         f"linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
     ),
@@ -252,13 +471,17 @@ GRAPHS_COUNTED = [
     "gemma",
     "gemma2",
     "phi",
+    "stablelm",
     "gptj",
+    "gpt_bigcode",
+    "gpt_neo",
     "opt",
     "gpt_neox",
     "bloom",
     "falcon_alibi_multi_query",
     "gemma3_text",
     "smollm3",
+    "cohere",
     "cohere2",
 ]
 LLAMA = dict(num_hidden_layers=1, intermediate_size=64)

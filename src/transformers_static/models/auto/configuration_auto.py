@@ -19,7 +19,6 @@ CONFIG_MAPPING_NAMES = {
     "cohere": "CohereConfig",
     "cohere2": "Cohere2Config",
     "cohere_compass_text": "CohereCompassTextConfig",
-    "cpmant": "CpmAntConfig",
     "ctrl": "CTRLConfig",
     "cwm": "CwmConfig",
     "diffllama": "DiffLlamaConfig",
@@ -109,8 +108,25 @@ def model_module_name(model_type: str, kind: str = "configuration") -> str:
     return MODEL_TYPE_TO_MODULE_NAME.get(model_type, model_type)
 
 
+# Decoder-only model types of upstream that cannot run on the static contract exactly: model_type -> why (the error
+# a checkpoint of one gets; docs/MODELS.md lists them as refused)
+REFUSED_MODEL_TYPES = {
+    "cpmant": (
+        "a prefix LM: upstream marks every token of a forward call as context, attended both ways (the prompt sees "
+        "its later tokens), which a chunked static prefill cannot reproduce; a causal port would diverge silently"
+    ),
+    "reformer": (
+        "LSH attention hashes keys with fresh random rotations each forward and attends within chunks of the "
+        "bucket-sorted sequence (data-dependent, no static 4D mask); its local attention uses chunk-aligned windows; "
+        "upstream's generate drops the attention mask, so its tokens on left-padded batches cannot be matched"
+    ),
+}
+
+
 def model_class(model_type: str, kind: str, mapping: dict[str, str]) -> type:
     """Import `mapping[model_type]` from `models/<package>/<kind>_<package>.py`."""
+    if model_type in REFUSED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not supported: {REFUSED_MODEL_TYPES[model_type]}")
     if model_type not in mapping:
         raise ValueError(f"Unknown model_type {model_type!r}; supported model types: {', '.join(sorted(mapping))}")
     name = model_module_name(model_type, kind)

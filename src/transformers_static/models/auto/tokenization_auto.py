@@ -60,7 +60,15 @@ TOKENIZER_MAPPING_NAMES = {
     "starcoder2": "GPT2Tokenizer",
 }
 # Model types whose Hub tokenizer_class upstream overrides with the registered class.
-MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {"hyperclovax", "internlm3", "iquestcoder", "nemotron", "phi3", "qwen2"}
+MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {
+    "hyperclovax",
+    "internlm3",
+    "iquestcoder",
+    "modernbert-decoder",
+    "nemotron",
+    "phi3",
+    "qwen2",
+}
 BACKEND_NAMES = {"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer", "BloomTokenizer"}
 # Class name -> module of its implementation here.
 TOKENIZER_CLASSES = {
