@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -360,6 +361,7 @@ def architecture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     """(architecture, its tiny checkpoint with noise on every weight)."""
     torch.manual_seed(0)
     model_class, config = ARCHITECTURES[request.param]
+    config = copy.deepcopy(config)  # the table's config stays as written (saving sets its dtype; int4 reuses it)
     config.vocab_size = VOCAB
     config.bos_token_id = config.eos_token_id = config.pad_token_id = 1
     path = tmp_path_factory.mktemp(request.param)

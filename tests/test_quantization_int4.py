@@ -3,6 +3,7 @@ float, loading errors, and compiling it."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -346,11 +347,17 @@ def test_int4_decode_compiles_once(int4_checkpoint: Path) -> None:
 # ---------------------------------------------------------------- every architecture
 
 
+# Architectures whose tiny configs have more projections below the kernel's tiles than in them: Gemma 3n's AltUp
+# (3 streams) and Laurel (rank 4) projections.
+MOSTLY_NARROW = {"gemma3n_text"}
+
+
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def architecture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """(architecture, its tiny checkpoint with noise on every weight), int8's test configurations."""
     model_class, config = ARCHITECTURES[request.param]
-    config.vocab_size = VOCAB
+    config = copy.deepcopy(config)  # the table's config stays as written (saving sets its dtype: Apertus's xIELU
+    config.vocab_size = VOCAB  # would read the string upstream)
     config.bos_token_id = config.eos_token_id = config.pad_token_id = 1
     return request.param, save_tiny(model_class, config, tmp_path_factory.mktemp(request.param))
 
@@ -371,7 +378,7 @@ def test_every_architecture_quantizes_and_round_trips(
     fits = {n for n, m in projections.items() if m.out_features % 16 == 0 and m.in_features % 32 == 0}
     expected = fits - KEPT_FLOAT.get(name, set())
     assert {n for n, m in model.named_modules() if isinstance(m, Int4Linear)} == expected
-    assert len(expected) >= len(projections) // 2
+    assert len(expected) >= len(projections) // 2 or name in MOSTLY_NARROW
     for kept in sorted(set(projections) - expected):
         assert repr(kept) in caplog.text
     with torch.no_grad():
