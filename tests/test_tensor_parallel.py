@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import unittest
+from collections.abc import Callable
 from typing import Any, ClassVar
 from unittest import mock
 
@@ -502,6 +503,12 @@ REFUSED_IN_LAUNCH = {
 }
 
 
+def by_name(func: Callable, index: int, param: Any) -> str:
+    """Test names that say the checkpoint (`..._on_every_rank_bloom`), not its place in the table, which moves as
+    checkpoints are added (the mutation check selects tests by name)."""
+    return f"{func.__name__}_{parameterized.to_safe_name(param.args[0])}"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -586,27 +593,27 @@ class TensorParallelTest(unittest.TestCase):
                 self.fail(f"rank {rank}, {name}:\n{result['error']}")
         return results
 
-    @parameterized.expand(CHECKPOINTS)
+    @parameterized.expand(CHECKPOINTS, name_func=by_name)
     def test_logits_match_one_process_and_are_identical_on_every_rank(self, name: str) -> None:
         results = self.results(name)
         for result in results:
             self.assertLessEqual(result["max_abs_diff"], ATOL)
         self.assertEqual(len({result["logits_digest"] for result in results}), 1, "ranks' logits differ bitwise")
 
-    @parameterized.expand(CHECKPOINTS)
+    @parameterized.expand(CHECKPOINTS, name_func=by_name)
     def test_greedy_tokens_equal_one_process_on_every_rank(self, name: str) -> None:
         for result in self.results(name):
             self.assertEqual(result["tokens"], result["single_tokens"])
             self.assertEqual(result["dynamic_tokens"], result["single_tokens"])
 
-    @parameterized.expand(GRAPHS_COUNTED)
+    @parameterized.expand(GRAPHS_COUNTED, name_func=by_name)
     def test_compiles_two_graphs_then_none_on_every_rank(self, name: str) -> None:
         """The user's torch.compile(forward, fullgraph=True, dynamic=False): prefill and decode on the first
         generate, nothing on a second with another prompt length (dynamo's error_on_recompile)."""
         for result in self.results(name):
             self.assertEqual(result["graphs"], [2, 2])
 
-    @parameterized.expand(CHECKPOINTS)
+    @parameterized.expand(CHECKPOINTS, name_func=by_name)
     def test_static_cache_holds_the_ranks_heads(self, name: str) -> None:
         results = self.results(name)  # first: skips a checkpoint that was not selected (and not saved)
         config = AutoConfig.from_pretrained(os.path.join(self.tmpdir, name))  # ours: Falcon's kv heads per layout
@@ -614,7 +621,7 @@ class TensorParallelTest(unittest.TestCase):
         for result in results:
             self.assertEqual(result["cache_kv_heads"], max(kv_heads // WORLD_SIZE, 1))
 
-    @parameterized.expand(CHECKPOINTS)
+    @parameterized.expand(CHECKPOINTS, name_func=by_name)
     def test_each_rank_holds_its_share_of_the_parameters(self, name: str) -> None:
         """bytes(rank) <= replicated + (full - replicated) / world_size (docs/TENSOR_PARALLEL.md), and the bound
         means something: the replicated part is under half the model."""
@@ -623,7 +630,7 @@ class TensorParallelTest(unittest.TestCase):
             self.assertLess(replicated, full / 2)
             self.assertLessEqual(result["bytes"], replicated + (full - replicated) / WORLD_SIZE)
 
-    @parameterized.expand(CHECKPOINTS)
+    @parameterized.expand(CHECKPOINTS, name_func=by_name)
     def test_every_projection_of_the_layers_and_the_head_is_split(self, name: str) -> None:
         """Found on the model, not read from its plan (which the bound above is derived from, so a plan that omitted
         a projection would loosen its own bound): every linear layer inside a decoder layer, and the LM head, is
