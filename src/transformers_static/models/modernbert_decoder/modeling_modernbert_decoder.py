@@ -144,12 +144,17 @@ class ModernBertDecoderAttention(nn.Module):
 
 
 class ModernBertDecoderLayer(nn.Module):
-    """Pre-LayerNorm block (layer 0 is a `ModernBertDecoderFirstLayer`)."""
+    """Pre-LayerNorm block; layer 0's attention norm is an identity (the embeddings were just normed; the checkpoint
+    has no weight for it), which gives it a compiled region of its own (compile_regions.layer_structure)."""
 
     def __init__(self, config: ModernBertDecoderConfig, layer_idx: int) -> None:
         super().__init__()
         self.attention_type = attention_type(config, layer_idx)
-        self.attn_norm: nn.Module = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.attn_norm: nn.Module = (
+            nn.Identity()
+            if layer_idx == 0
+            else nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        )
         self.attn = ModernBertDecoderAttention(config, layer_idx)
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
         self.mlp = ModernBertDecoderMLP(config)
@@ -168,17 +173,6 @@ class ModernBertDecoderLayer(nn.Module):
             past_key_values=inputs.past_key_values,
         )
         return hidden_states + self.mlp(self.mlp_norm(hidden_states))
-
-
-class ModernBertDecoderFirstLayer(ModernBertDecoderLayer):
-    """Layer 0, whose attention norm is an identity (the embeddings were just normed; the checkpoint has no weight
-    for it). A class of its own on purpose: compile_regions shares one compiled body among decoder layers of one
-    class and does not tell apart layers whose submodules differ (layer 0 given the others' body, or they its, gave
-    wrong tokens), so with two classes the forward compiles as one whole graph."""
-
-    def __init__(self, config: ModernBertDecoderConfig, layer_idx: int) -> None:
-        super().__init__(config, layer_idx)
-        self.attn_norm = nn.Identity()
 
 
 class ModernBertDecoderPredictionHead(nn.Module):
@@ -203,10 +197,7 @@ class ModernBertDecoderModel(ModernBertDecoderPreTrainedModel):
     def __init__(self, config: ModernBertDecoderConfig) -> None:
         super().__init__(config)
         self.embeddings = ModernBertDecoderEmbeddings(config)
-        self.layers = nn.ModuleList(
-            (ModernBertDecoderFirstLayer if i == 0 else ModernBertDecoderLayer)(config, i)
-            for i in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(ModernBertDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
         self.rotary_emb = ModernBertDecoderRotaryEmbedding(config)
         self.mask_converters = mask_converters(config)
