@@ -41,6 +41,9 @@ KINDS = {
     "qwen3_5": (fixtures.qwen3_5_tokenizer, {}),
     "gpt_neox": (fixtures.neox_tokenizer, {}),
     "gemma": (fixtures.gemma_tokenizer, {}),
+    "cohere": (fixtures.cohere_tokenizer, {}),
+    "openai_gpt": (fixtures.openai_gpt_tokenizer, {}),
+    "xglm": (fixtures.xglm_tokenizer, {}),
 }
 ATTRIBUTES = [
     "bos_token",
@@ -124,11 +127,11 @@ def test_encode_decode_like_upstream(pair) -> None:
 
 def test_batches_padding_truncation_like_upstream(pair) -> None:
     theirs, ours = pair
-    if theirs.pad_token is None:  # both refuse to pad, then pad with eos as users do
+    if theirs.pad_token is None:  # both refuse to pad, then pad with eos (GPT-1: unk) as users do
         for tokenizer in (theirs, ours):
             with pytest.raises(ValueError, match="does not have a padding token"):
                 tokenizer(fixtures.TEXTS, padding=True)
-            tokenizer.pad_token = tokenizer.eos_token
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     cases = [
         {"padding": True},
         {"padding": "longest", "padding_side": "left"},
@@ -179,8 +182,12 @@ def test_save_pretrained_round_trips_with_upstream(pair, tmp_path) -> None:
     theirs, ours = pair
     ours.save_pretrained(tmp_path / "ours")
     theirs.save_pretrained(tmp_path / "theirs")
-    assert sorted(os.listdir(tmp_path / "ours")) == sorted(os.listdir(tmp_path / "theirs"))
-    for name in os.listdir(tmp_path / "theirs"):  # the same files, to the byte (configs as JSON)
+    files = {
+        side: sorted(str(f.relative_to(tmp_path / side)) for f in (tmp_path / side).rglob("*") if f.is_file())
+        for side in ("ours", "theirs")
+    }
+    assert files["ours"] == files["theirs"]  # named chat templates in additional_chat_templates/ included
+    for name in files["theirs"]:  # the same files, to the byte (configs as JSON)
         ours_text, theirs_text = ((tmp_path / side / name).read_text(encoding="utf-8") for side in ("ours", "theirs"))
         assert json.loads(ours_text) == json.loads(theirs_text) if name.endswith(".json") else ours_text == theirs_text
     # Either library reads what either wrote, and gets the same tokenizer.
@@ -294,7 +301,17 @@ def test_qwen3_5_keeps_combining_marks_in_words_where_qwen2_splits_them(tokenize
     assert len(words(ours)) < len(words(load_pair(tokenizer_dirs["qwen2_hub_class_overridden"])[1]))
 
 
-@pytest.mark.parametrize("name", ["GPT2Tokenizer", "GemmaTokenizer", "Qwen2Tokenizer", "TokenizersBackend"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CohereTokenizer",
+        "GPT2Tokenizer",
+        "GemmaTokenizer",
+        "OpenAIGPTTokenizer",
+        "Qwen2Tokenizer",
+        "TokenizersBackend",
+    ],
+)
 def test_tokenizer_object_takes_the_class_defaults_like_upstream(tokenizer_dirs, name) -> None:
     backend = Tokenizer.from_file(os.path.join(tokenizer_dirs["gpt2_as_is"], "tokenizer.json"))
     theirs = getattr(transformers, name)(tokenizer_object=backend)
@@ -307,3 +324,53 @@ def test_tokenizer_object_takes_the_class_defaults_like_upstream(tokenizer_dirs,
         len(theirs),
     )
     assert ours("a <pad> b")["input_ids"] == theirs("a <pad> b")["input_ids"]
+
+
+def test_cohere_tool_use_and_grounded_prompts_like_upstream(tokenizer_dirs) -> None:
+    theirs, ours = load_pair(tokenizer_dirs["cohere"])
+    conversation = [{"role": "user", "content": "Who won in 2024?"}]
+    tools = [{"name": "internet_search"}, {"name": "directly_answer"}]
+    documents = [{"text": "Paris hosted."}, {"text": "Records fell."}]
+    for kwargs in ({"tokenize": False}, {}):
+        assert ours.apply_tool_use_template(conversation, tools, **kwargs) == theirs.apply_tool_use_template(
+            conversation, tools, **kwargs
+        )
+        for mode in ("accurate", "fast"):
+            assert ours.apply_grounded_generation_template(
+                conversation, documents, citation_mode=mode, **kwargs
+            ) == theirs.apply_grounded_generation_template(conversation, documents, citation_mode=mode, **kwargs)
+
+
+def test_registered_tokenizer_classes_are_upstreams() -> None:
+    """Every model type here registers upstream's tokenizer class (and overrides a wrong Hub class where upstream
+    does), so a type upstream gives its own class cannot silently fall back to tokenizer.json as it is."""
+    from transformers.models.auto import tokenization_auto as theirs
+
+    from transformers_static.models.auto import tokenization_auto as ours
+
+    model_types = set(transformers_static.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    registered, upstream_registered = ours.TOKENIZER_MAPPING_NAMES, theirs.TOKENIZER_MAPPING_NAMES
+    assert registered == {t: upstream_registered[t] for t in model_types if upstream_registered.get(t)}
+    overridden = ours.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+    assert overridden == theirs.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS & model_types
+
+
+@pytest.mark.parametrize(
+    ("model_type", "name"),
+    [
+        ("biogpt", "BioGptTokenizer"),
+        ("ctrl", "CTRLTokenizer"),
+        ("gpt_neox_japanese", "GPTNeoXJapaneseTokenizer"),
+    ],
+)
+def test_a_registered_class_we_lack_is_refused_by_name(tokenizer_dirs, tmp_path, model_type, name) -> None:
+    path = shutil.copytree(tokenizer_dirs["gpt2_byte_level"], tmp_path / model_type)
+    with open(path / "config.json", "w", encoding="utf-8") as f:
+        json.dump({"model_type": model_type}, f)
+    with open(path / "tokenizer_config.json", "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": name}, f)
+    with pytest.raises(ValueError, match=f"Tokenizer class '{name}' is not supported by transformers_static"):
+        AutoTokenizer.from_pretrained(str(path))
+    os.remove(path / "tokenizer_config.json")  # no class stated: the model type's registered one
+    with pytest.raises(ValueError, match=f"Tokenizer class '{name}' is not supported"):
+        AutoTokenizer.from_pretrained(str(path))

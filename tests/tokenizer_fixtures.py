@@ -3,11 +3,12 @@ a SmolLM2-style BPE with a chat template, a Llama-2-style SentencePiece BPE with
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 CORPUS = [
     "Hello world! This is a small test of the tokenizer, with punctuation: yes; no? maybe...",
@@ -32,6 +33,7 @@ TEXTS = [
     "numbers 12345 and 3.14159",
     "can't won't it's I'm we've they're",
     "trailing space ",
+    "An  Apple,  Fine   day",
 ]
 
 CHATML_TEMPLATE = (
@@ -209,6 +211,79 @@ def gemma_tokenizer(path: str) -> str:
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump({"model_type": "gemma"}, f)
     return path
+
+
+COHERE_TOOL_USE_TEMPLATE = (
+    "{{ bos_token }}{% for tool in tools %}tool {{ tool['name'] }}\n{% endfor %}"
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+)
+COHERE_RAG_TEMPLATE = (
+    "{{ bos_token }}{% for document in documents %}doc: {{ document['text'] }}\n{% endfor %}"
+    "mode {{ citation_mode }}\n{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
+)
+
+
+def cohere_tokenizer(path: str) -> str:
+    """Command-R's layout: byte-level BPE with digits split, its specials, bos added, named chat templates."""
+    specials = ["<PAD>", "<UNK>", "<CLS>", "<SEP>", "<MASK_TOKEN>", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"]
+    config = {
+        "tokenizer_class": "CohereTokenizer",
+        "add_bos_token": True,
+        "chat_template": [
+            {"name": "default", "template": CHATML_TEMPLATE},
+            {"name": "tool_use", "template": COHERE_TOOL_USE_TEMPLATE},
+            {"name": "rag", "template": COHERE_RAG_TEMPLATE},
+        ],
+    }
+    return _write(path, byte_level_bpe(specials, digits=True), config, model_type="cohere")
+
+
+def openai_gpt_tokenizer(path: str) -> str:
+    """GPT-1's layout: lower-cased BERT-style words, BPE pieces ending a word with "</w>"."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.BPEDecoder(suffix="</w>")
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>"], end_of_word_suffix="</w>", show_progress=False
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    config = {"tokenizer_class": "OpenAIGPTTokenizer", "unk_token": "<unk>", "model_max_length": 512}
+    return _write(path, tokenizer, config, model_type="openai-gpt")
+
+
+# A SentencePiece normaliser blob (what XGLM's tokenizer.json stores as `Precompiled`): sentencepiece 0.2.3's
+# `spm_train --normalization_rule_tsv` output for the rules "A" -> "a", "Fi" -> "fi".
+SPM_CHARSMAP = (
+    "AAQAAAAAAQBBDQAAAAAAgGkdAAACAACABAAAAEawAQAGAAAACQAAAAgAAAALAAAACgAAAA0AAAAMAAAADwAAAA4AAAARAAAAEAAAABMAAAASAA"
+    "AAFQAAABQAAAAXAAAAFgAAABkAAAAYAAAAGwAAABoAAAAdAAAAHAAAAB8AAAAeAAAAIQAAACAAAAAjAAAAIgAAACUAAAAkAAAAJwAAACYAAAAp"
+    "AAAAKAAAACsAAAAqAAAALQAAACwAAAAvAAAALgAAADEAAAAwAAAAMwAAADIAAAA1AAAANAAAADcAAAA2AAAAOQAAADgAAAA7AAAAOgAAAD0AAA"
+    "A8AAAAPwAAAD4AAABBAAAAQAAAAEMAAABCAAAARQAAAEQAAABHAAAARgAAAEkAAABIAAAASwAAAEoAAABNAAAATAAAAE8AAABOAAAAUQAAAFAA"
+    "AABTAAAAUgAAAFUAAABUAAAAVwAAAFYAAABZAAAAWAAAAFsAAABaAAAAXQAAAFwAAABfAAAAXgAAAGEAAABgAAAAYwAAAGIAAABlAAAAZAAAAG"
+    "cAAABmAAAAaQAAAGgAAABrAAAAagAAAG0AAABsAAAAbwAAAG4AAABxAAAAcAAAAHMAAAByAAAAdQAAAHQAAAB3AAAAdgAAAHkAAAB4AAAAewAA"
+    "AHoAAAB9AAAAfAAAAH8AAAB+AAAAgQAAAIAAAACDAAAAggAAAIUAAACEAAAAhwAAAIYAAACJAAAAiAAAAIsAAACKAAAAjQAAAIwAAACPAAAAjg"
+    "AAAJEAAACQAAAAkwAAAJIAAACVAAAAlAAAAJcAAACWAAAAmQAAAJgAAACbAAAAmgAAAJ0AAACcAAAAnwAAAJ4AAAChAAAAoAAAAKMAAACiAAAA"
+    "pQAAAKQAAACnAAAApgAAAKkAAACoAAAAqwAAAKoAAACtAAAArAAAAK8AAACuAAAAsQAAALAAAACzAAAAsgAAALUAAAC0AAAAtwAAALYAAAC5AA"
+    "AAuAAAALsAAAC6AAAAvQAAALwAAAC/AAAAvgAAAMEAAADAAAAAwwAAAMIAAADFAAAAxAAAAMcAAADGAAAAyQAAAMgAAADLAAAAygAAAM0AAADM"
+    "AAAAzwAAAM4AAADRAAAA0AAAANMAAADSAAAA1QAAANQAAADXAAAA1gAAANkAAADYAAAA2wAAANoAAADdAAAA3AAAAN8AAADeAAAA4QAAAOAAAA"
+    "DjAAAA4gAAAOUAAADkAAAA5wAAAOYAAADpAAAA6AAAAOsAAADqAAAA7QAAAOwAAADvAAAA7gAAAPEAAADwAAAA8wAAAPIAAAD1AAAA9AAAAPcA"
+    "AAD2AAAA+QAAAPgAAAD7AAAA+gAAAP0AAAD8AAAA/wAAAP4AAABhAGZpAA=="
+)
+
+
+def xglm_tokenizer(path: str) -> str:
+    """XGLM's layout: a SentencePiece Unigram with <s> <pad> </s> <unk> first, a precompiled normaliser and a
+    Metaspace prefix."""
+    tokenizer = Tokenizer(models.Unigram())
+    charsmap = normalizers.Precompiled(base64.b64decode(SPM_CHARSMAP))
+    tokenizer.normalizer = normalizers.Sequence([charsmap, normalizers.Replace(Regex(" {2,}"), " ")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    return _write(path, tokenizer, {"tokenizer_class": "XGLMTokenizer"}, model_type="xglm")
 
 
 def tiny_llama_checkpoint(path: str, tokenizer_builder: Any = smollm_tokenizer) -> str:

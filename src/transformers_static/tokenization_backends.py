@@ -5,6 +5,7 @@ GGUF tokenizer beside them share one recipe per pipeline."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -72,28 +73,37 @@ def split_then_byte_level(regex: str, add_prefix_space: bool = False) -> Any:
     )
 
 
-def native_parts(tokenizer_file: str) -> dict[str, Any]:
-    """What a model-specific class takes from tokenizer.json (upstream's `convert_to_native_format`): the vocab and
-    merges, and the post-processor, padding and truncation (read from a copy without the vocab, to be cheap)."""
+def native_parts(tokenizer_file: str, model: str = "BPE") -> dict[str, Any]:
+    """What a model-specific class over a `model` ("BPE" or "Unigram") takes from tokenizer.json (upstream's
+    `convert_to_native_format`): the vocab (and BPE merges), a Unigram's SentencePiece charsmap, and the
+    post-processor, padding and truncation (read from a copy without the vocab, to be cheap)."""
     with open(tokenizer_file, encoding="utf-8") as f:
         tokenizer_json = json.load(f)
-    model = tokenizer_json.get("model", {})
-    if model.get("type") not in (None, "Unigram"):
-        minimal = {**tokenizer_json, "added_tokens": [], "model": {**model, "vocab": {}}}
-        if model["type"] == "BPE":
+    json_model = tokenizer_json.get("model", {})
+    if json_model.get("type") not in (None, "Unigram"):
+        minimal = {**tokenizer_json, "added_tokens": [], "model": {**json_model, "vocab": {}}}
+        if json_model["type"] == "BPE":
             minimal["model"]["merges"] = []
         parsed = Tokenizer.from_str(json.dumps(minimal))
     else:
         parsed = Tokenizer.from_file(tokenizer_file)
-    vocab = model.get("vocab")
-    if isinstance(vocab, list):  # every model-specific class here is BPE: a Unigram list becomes piece -> index
-        vocab = {token[0] if isinstance(token, list) else token: i for i, token in enumerate(vocab)}
+    vocab = json_model.get("vocab")
+    if isinstance(vocab, list):  # a Unigram's [piece, score] list: pieces with scores, or piece -> index for BPE
+        if model == "Unigram":
+            vocab = [tuple(item) for item in vocab]
+        else:
+            vocab = {token[0] if isinstance(token, list) else token: i for i, token in enumerate(vocab)}
     parts = {
         "post_processor": parsed.post_processor,
         "tokenizer_padding": parsed.padding,
         "tokenizer_truncation": parsed.truncation,
         "vocab": vocab,
     }
-    if "merges" in model:
-        parts["merges"] = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    if "merges" in json_model and model == "BPE":
+        parts["merges"] = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in json_model["merges"]]
+    normalizer = tokenizer_json.get("normalizer") or {}
+    steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+    charsmaps = [step["precompiled_charsmap"] for step in steps if step.get("type") == "Precompiled"]
+    if model == "Unigram" and charsmaps:
+        parts["precompiled_charsmap"] = base64.b64decode(charsmaps[0])
     return parts

@@ -41,6 +41,8 @@ class TokenizersBackend(PreTrainedTokenizerBase):
     # Settings a model-specific class assumes when its files leave them out (the defaults of upstream's `__init__`:
     # special tokens, add_prefix_space, ...).
     init_defaults: ClassVar[dict[str, Any]] = {}
+    # The `tokenizers` model a model-specific class rebuilds over tokenizer.json's vocab: "BPE" or "Unigram".
+    backend_model: ClassVar[str] = "BPE"
 
     def __init__(self, *, tokenizer_object: Any = None, tokenizer_file: str | None = None, **kwargs: Any) -> None:
         if Tokenizer is None:
@@ -84,7 +86,7 @@ class TokenizersBackend(PreTrainedTokenizerBase):
             )
         if not own_pipeline:
             return Tokenizer.from_file(tokenizer_file)
-        kwargs.update(native_parts(tokenizer_file))
+        kwargs.update(native_parts(tokenizer_file, self.backend_model))
         return self.build_backend(kwargs)
 
     def build_backend(self, kwargs: dict[str, Any]) -> Any:

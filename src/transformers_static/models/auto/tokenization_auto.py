@@ -20,9 +20,15 @@ from ...tokenization_files import (
 )
 from ...tokenization_utils_tokenizers import TokenizersBackend
 
-# model_type -> upstream's registered tokenizer class (model types absent here have none).
+# model_type -> upstream's registered tokenizer class, for our model types (absent: none); a test keeps it equal to
+# upstream's. A class not in TOKENIZER_CLASSES is refused by name.
 TOKENIZER_MAPPING_NAMES = {
+    "biogpt": "BioGptTokenizer",
     "codegen": "GPT2Tokenizer",
+    "cohere": "CohereTokenizer",
+    "cohere2": "CohereTokenizer",
+    "ctrl": "CTRLTokenizer",
+    "ernie4_5": "TokenizersBackend",
     "gemma": "GemmaTokenizer",
     "gemma2": "GemmaTokenizer",
     "gemma3_text": "GemmaTokenizer",
@@ -33,6 +39,7 @@ TOKENIZER_MAPPING_NAMES = {
     "gpt_bigcode": "TokenizersBackend",
     "gpt_neo": "GPT2Tokenizer",
     "gpt_neox": "GPTNeoXTokenizer",
+    "gpt_neox_japanese": "GPTNeoXJapaneseTokenizer",
     "gptj": "GPT2Tokenizer",
     "granite": "TokenizersBackend",
     "hyperclovax": "TokenizersBackend",
@@ -45,9 +52,11 @@ TOKENIZER_MAPPING_NAMES = {
     "mixtral": "TokenizersBackend",
     "modernbert-decoder": "TokenizersBackend",
     "mpt": "GPTNeoXTokenizer",
+    "nemotron": "TokenizersBackend",
     "olmo": "GPTNeoXTokenizer",
     "olmo2": "TokenizersBackend",
     "olmo3": "TokenizersBackend",
+    "openai-gpt": "OpenAIGPTTokenizer",
     "opt": "GPT2Tokenizer",
     "persimmon": "TokenizersBackend",
     "phi": "GPT2Tokenizer",
@@ -58,9 +67,11 @@ TOKENIZER_MAPPING_NAMES = {
     "qwen3_moe": "Qwen2Tokenizer",
     "stablelm": "TokenizersBackend",
     "starcoder2": "GPT2Tokenizer",
+    "xglm": "XGLMTokenizer",
 }
 # Model types whose Hub tokenizer_class upstream overrides with the registered class.
 MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {
+    "ernie4_5",
     "hyperclovax",
     "internlm3",
     "iquestcoder",
@@ -72,12 +83,15 @@ MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {
 BACKEND_NAMES = {"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer", "BloomTokenizer"}
 # Class name -> module of its implementation here.
 TOKENIZER_CLASSES = {
+    "CohereTokenizer": "cohere",
     "GPT2Tokenizer": "gpt2",
     "GPTNeoXTokenizer": "gpt_neox",
     "GemmaTokenizer": "gemma",
     "LlamaTokenizer": "llama",
+    "OpenAIGPTTokenizer": "openai",
     "Qwen2Tokenizer": "qwen2",
     "Qwen3_5Tokenizer": "qwen3_5",
+    "XGLMTokenizer": "xglm",
 }
 
 
