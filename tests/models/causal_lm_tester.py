@@ -9,6 +9,7 @@ sharding and tying, and greedy generate (EOS, prompts longer than a prefill chun
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -440,6 +441,66 @@ class CausalLMParityTests:
         )
         for call, compiled in zip(calls, outputs, strict=True):
             torch.testing.assert_close(compiled, self.upstream_generate(**call), rtol=0, atol=0)
+
+
+class PlainParityTests:
+    """For a model whose shared suite runs with its distinctive switches on: the other side of each switch, cheaply.
+    Logits (eager and sdpa, left padding), step-by-step decoding into a StaticCache and greedy generate are
+    upstream's. A subclass sets `upstream_class` (an upstream ForCausalLM, perhaps with a test-only init) and
+    `plain_config` (upstream config kwargs with every switch off)."""
+
+    upstream_class: ClassVar[type]
+    plain_config: ClassVar[dict[str, Any]]
+    vocab_size: ClassVar[int] = 99
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        torch.manual_seed(0)
+        cls.tmpdir = tempfile.mkdtemp()
+        config = cls.upstream_class.config_class(vocab_size=cls.vocab_size, **copy.deepcopy(cls.plain_config))
+        cls.upstream = perturb(cls.upstream_class(config).eval(), 0.1)
+        cls.upstream.save_pretrained(cls.tmpdir)
+        generator = torch.Generator().manual_seed(1)
+        cls.input_ids = torch.randint(0, cls.vocab_size, (3, SEQ_LEN), generator=generator)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+    def test_logits_and_static_decoding_match_upstream(self) -> None:
+        mask_2d = padding_mask(PADDINGS["left_padding"], SEQ_LEN)
+        real = mask_2d.bool()
+        for impl in IMPLS:
+            model = AutoModelForCausalLM.from_pretrained(self.tmpdir, attn_implementation=impl)
+            self.upstream.set_attn_implementation(impl)
+            cache, steps = StaticCache(model.config, 3, 16), []
+            with torch.no_grad():
+                expected = self.upstream(
+                    self.input_ids, attention_mask=mask_2d, position_ids=positions(mask_2d)
+                ).logits
+                full = model(self.input_ids, attention_mask=mask_2d).logits
+                for start, end in [(0, 5), *((t, t + 1) for t in range(5, SEQ_LEN))]:
+                    out = model(
+                        self.input_ids[:, start:end],
+                        attention_mask=mask_2d[:, :end],
+                        position_ids=positions(mask_2d)[:, start:end],
+                        past_key_values=cache,
+                        cache_position=torch.arange(start, end),
+                    )
+                    steps.append(out.logits)
+            torch.testing.assert_close(full[real], expected[real], atol=ATOL, rtol=0, msg=impl)
+            torch.testing.assert_close(torch.cat(steps, dim=1)[real], expected[real], atol=ATOL, rtol=0, msg=impl)
+
+    def test_greedy_generate_matches_upstream(self) -> None:
+        model = AutoModelForCausalLM.from_pretrained(self.tmpdir)
+        ids, mask = generation_prompt(self.vocab_size)
+        self.upstream.set_attn_implementation("sdpa")
+        expected = self.upstream.generate(
+            ids, attention_mask=mask, do_sample=False, max_new_tokens=8, eos_token_id=None
+        )
+        torch.testing.assert_close(
+            model.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=None), expected
+        )
 
 
 def perturb(model: torch.nn.Module, noise: float) -> torch.nn.Module:

@@ -1,7 +1,6 @@
 import copy
 import json
 import os
-import shutil
 import tempfile
 import unittest
 from unittest import mock
@@ -28,9 +27,9 @@ from ..causal_lm_tester import (
     PADDINGS,
     SEQ_LEN,
     CausalLMParityTests,
+    PlainParityTests,
     generation_prompt,
     padding_mask,
-    perturb,
     positions,
     reference_4d,
 )
@@ -319,57 +318,9 @@ class Gemma4SharedParityTest(Gemma4TestMixin, CausalLMParityTests, unittest.Test
         self.assertLess((quantized - ours)[real].abs().max() / ours[real].abs().max(), 0.5)
 
 
-class Gemma4PlainParityTest(unittest.TestCase):
-    """The other side of each switch (PLAIN), cheaply: logits (eager and sdpa, left padding), step-by-step decoding
-    into a StaticCache and static greedy generate are upstream's."""
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        torch.manual_seed(0)
-        cls.tmpdir = tempfile.mkdtemp()
-        config = transformers.Gemma4TextConfig(vocab_size=99, **copy.deepcopy(PLAIN))
-        cls.upstream = perturb(RandomScaleGemma4ForCausalLM(config).eval(), 0.1)
-        cls.upstream.save_pretrained(cls.tmpdir)
-        cls.input_ids = torch.randint(0, 99, (3, SEQ_LEN), generator=torch.Generator().manual_seed(1))
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        shutil.rmtree(cls.tmpdir, ignore_errors=True)
-
-    def test_logits_and_static_decoding_match_upstream(self) -> None:
-        mask_2d = padding_mask(PADDINGS["left_padding"], SEQ_LEN)
-        real = mask_2d.bool()
-        for impl in ("eager", "sdpa"):
-            model = AutoModelForCausalLM.from_pretrained(self.tmpdir, attn_implementation=impl)
-            self.upstream.set_attn_implementation(impl)
-            cache, steps = StaticCache(model.config, 3, 16), []
-            with torch.no_grad():
-                expected = self.upstream(
-                    self.input_ids, attention_mask=mask_2d, position_ids=positions(mask_2d)
-                ).logits
-                full = model(self.input_ids, attention_mask=mask_2d).logits
-                for start, end in [(0, 5), *((t, t + 1) for t in range(5, SEQ_LEN))]:
-                    out = model(
-                        self.input_ids[:, start:end],
-                        attention_mask=mask_2d[:, :end],
-                        position_ids=positions(mask_2d)[:, start:end],
-                        past_key_values=cache,
-                        cache_position=torch.arange(start, end),
-                    )
-                    steps.append(out.logits)
-            torch.testing.assert_close(full[real], expected[real], atol=ATOL, rtol=0, msg=impl)
-            torch.testing.assert_close(torch.cat(steps, dim=1)[real], expected[real], atol=ATOL, rtol=0, msg=impl)
-
-    def test_greedy_generate_matches_upstream(self) -> None:
-        model = AutoModelForCausalLM.from_pretrained(self.tmpdir)
-        ids, mask = generation_prompt(99)
-        self.upstream.set_attn_implementation("sdpa")
-        expected = self.upstream.generate(
-            ids, attention_mask=mask, do_sample=False, max_new_tokens=8, eos_token_id=None
-        )
-        torch.testing.assert_close(
-            model.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=None), expected
-        )
+class Gemma4PlainParityTest(PlainParityTests, unittest.TestCase):
+    upstream_class = RandomScaleGemma4ForCausalLM
+    plain_config = PLAIN
 
     def test_switches_are_off(self) -> None:
         model = AutoModelForCausalLM.from_pretrained(self.tmpdir)
