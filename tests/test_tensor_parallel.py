@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 import unittest
-from collections.abc import Callable
 from typing import Any, ClassVar
 from unittest import mock
 
@@ -33,6 +32,7 @@ from torch import nn
 
 from tests.models.causal_lm_tester import perturb
 from tests.tensor_parallel_worker import run_rank
+from tests.testing_utils import by_name
 from transformers_static import AutoConfig, AutoModelForCausalLM, FalconConfig, LlamaConfig
 from transformers_static.commands import main
 from transformers_static.integrations.tensor_parallel import LAUNCH_VARIABLES, SPLITS, TensorParallel
@@ -501,12 +501,6 @@ REFUSED_IN_LAUNCH = {
         r"ValueError: cannot split model\.layers\.0\.mlp\.gate_proj \(colwise\): 63 features are not divisible",
     ),
 }
-
-
-def by_name(func: Callable, index: int, param: Any) -> str:
-    """Test names that say the checkpoint (`..._on_every_rank_bloom`), not its place in the table, which moves as
-    checkpoints are added (the mutation check selects tests by name)."""
-    return f"{func.__name__}_{parameterized.to_safe_name(param.args[0])}"
 
 
 def free_port() -> int:
