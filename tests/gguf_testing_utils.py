@@ -35,6 +35,15 @@ ARCHES = {
     "gemma3": gguf.MODEL_ARCH.GEMMA3,
     "phi3": gguf.MODEL_ARCH.PHI3,
     "starcoder2": gguf.MODEL_ARCH.STARCODER2,
+    "gemma4": gguf.MODEL_ARCH.GEMMA4,
+    "ernie4_5": gguf.MODEL_ARCH.ERNIE4_5,
+    "olmo2": gguf.MODEL_ARCH.OLMO2,
+    "seed_oss": gguf.MODEL_ARCH.SEED_OSS,
+    "olmo": gguf.MODEL_ARCH.OLMO,
+    "granite": gguf.MODEL_ARCH.GRANITE,
+    "command-r": gguf.MODEL_ARCH.COMMAND_R,
+    "cohere2": gguf.MODEL_ARCH.COHERE2,
+    "nemotron": gguf.MODEL_ARCH.NEMOTRON,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.
@@ -72,7 +81,7 @@ def _falcon_groups_to_blocks(weights: np.ndarray, heads: int, kv_heads: int) -> 
 
 def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np.ndarray | None:
     """One checkpoint tensor as llama.cpp's converter stores it (None: dropped)."""
-    if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+    if arch in ("llama", "olmo", "granite") and (".q_proj." in name or ".k_proj." in name):  # LlamaModel.permute
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
         return _permute(value, heads)
     if arch in ("gemma", "gemma2", "gemma3"):
@@ -87,6 +96,10 @@ def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np
     if arch == "falcon" and "query_key_value" in name:
         kv = config.num_kv_heads if config.new_decoder_architecture else 1
         return _falcon_groups_to_blocks(value, config.num_attention_heads, kv)
+    if arch == "gemma4":  # norms as they are; the tied head not written
+        return None if name == "lm_head.weight" else value
+    if arch == "nemotron" and name.endswith("norm.weight"):  # LayerNorm1p's 1 + w
+        return value + 1
     return value
 
 
@@ -108,6 +121,13 @@ def gguf_tensors(arch: str, checkpoint_dir: str, config: Any) -> dict[str, np.nd
     if arch == "phi3" and rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3 converter: factors as tensors
         for kind in ("long", "short"):
             out[f"rope_factors_{kind}.weight"] = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+    if arch == "gemma4":  # llama.cpp's converter: proportional rope as frequency factors (1e30: not rotated)
+        full = rope["full_attention"]
+        head_dim = config.per_layer_config[config.layer_types.index("full_attention")].head_dim
+        pairs, rotated = head_dim // 2, int(head_dim * full.get("partial_rotary_factor", 1.0) / 2)
+        out["rope_freqs.weight"] = np.array([1.0] * rotated + [1e30] * (pairs - rotated), dtype=np.float32)
+        # `layer_scalar` is named `layer_scalar.weight` before mapping (filter_tensors)
+        out = {f"{k}.weight" if k.endswith("layer_output_scale") else k: v for k, v in out.items()}
     return out
 
 

@@ -24,6 +24,7 @@ from transformers_static.models.auto.tokenization_auto import load_gguf_tokenize
 
 from .gguf_testing_utils import Q, byte_tokens, gguf, gguf_tensors, llama_metadata, logits, write_gguf
 from .models.causal_lm_tester import perturb
+from .testing_utils import by_name
 
 ATOL = 1e-5
 VOCAB = 99
@@ -121,6 +122,118 @@ def _starcoder2_metadata(c: Any) -> dict[str, Any]:
         "add_layer_norm_eps": c.norm_epsilon,
         "add_rope_freq_base": c.rope_parameters["rope_theta"],
     }
+
+
+def _gemma4_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's Gemma 4 converter: the sliding pattern, both head dims and rotated dims, per-layer key/value
+    heads and MLP widths, shared layers, per-layer input width (rope_freqs: see gguf_testing_utils)."""
+    layers = [c.per_layer_config[i] for i in range(c.num_hidden_layers)]  # upstream's per-layer fields
+    swa = [t == "sliding_attention" for t in c.layer_types]
+    sliding, full = layers[swa.index(True)], layers[swa.index(False)]
+    first_shared = c.num_hidden_layers - c.num_kv_shared_layers  # the converter doubles their width
+    ffn = [c.intermediate_size * (2 if c.use_double_wide_mlp and i >= first_shared else 1) for i in range(len(swa))]
+    metadata = {
+        "add_context_length": c.max_position_embeddings,
+        "add_embedding_length": c.hidden_size,
+        "add_block_count": c.num_hidden_layers,
+        "add_feed_forward_length": ffn,
+        "add_head_count": c.num_attention_heads,
+        "add_head_count_kv": [layer.num_key_value_heads for layer in layers],
+        "add_layer_norm_rms_eps": c.rms_norm_eps,
+        "add_key_length": full.head_dim,
+        "add_value_length": full.head_dim,
+        "add_key_length_swa": sliding.head_dim,
+        "add_value_length_swa": sliding.head_dim,
+        "add_rope_freq_base": c.rope_parameters["full_attention"]["rope_theta"],
+        "add_rope_freq_base_swa": c.rope_parameters["sliding_attention"]["rope_theta"],
+        "add_rope_dimension_count": full.head_dim,
+        "add_rope_dimension_count_swa": sliding.head_dim,
+        "add_sliding_window": c.sliding_window,
+        "add_sliding_window_pattern": swa,
+        "add_shared_kv_layers": c.num_kv_shared_layers,
+        "add_embedding_length_per_layer_input": c.hidden_size_per_layer_input or 0,
+    }
+    if c.final_logit_softcapping:
+        metadata["add_final_logit_softcapping"] = c.final_logit_softcapping
+    return metadata
+
+
+def _text_model_metadata(c: Any) -> dict[str, Any]:
+    """What llama.cpp's TextModel converter writes for any RMSNorm model (key/value lengths only from a head_dim)."""
+    full_rope = c.rope_parameters.get("full_attention", c.rope_parameters)
+    metadata = {
+        "add_block_count": c.num_hidden_layers,
+        "add_context_length": c.max_position_embeddings,
+        "add_embedding_length": c.hidden_size,
+        "add_feed_forward_length": c.intermediate_size,
+        "add_head_count": c.num_attention_heads,
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_rope_freq_base": full_rope["rope_theta"],
+    }
+    if getattr(c, "rms_norm_eps", None) is not None:
+        metadata["add_layer_norm_rms_eps"] = c.rms_norm_eps
+    if "sliding_attention" in c.rope_parameters:
+        metadata["add_rope_freq_base_swa"] = c.rope_parameters["sliding_attention"]["rope_theta"]
+    if getattr(c, "head_dim", None) is not None:
+        metadata.update(add_key_length=c.head_dim, add_value_length=c.head_dim)
+    return metadata
+
+
+def _olmo2_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's OLMo 2 / 3 converter: an OLMo 3 config adds its window and per-layer sliding flags."""
+    metadata = _text_model_metadata(c)
+    if getattr(c, "sliding_window", None):
+        pattern = [t == "sliding_attention" for t in c.layer_types]
+        metadata.update(add_sliding_window=c.sliding_window, add_sliding_window_pattern=pattern)
+    return metadata
+
+
+def _olmo_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's OLMo converter: no RMSNorm epsilon, LayerNorm's fixed 1e-5, the clamp when the config sets one."""
+    metadata = {**_text_model_metadata(c), "add_layer_norm_eps": 1e-5}
+    return {**metadata, "add_clamp_kqv": c.clip_qkv} if c.clip_qkv is not None else metadata
+
+
+def _granite_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's Granite converter: Llama's keys plus the four multipliers as scales."""
+    return {
+        **llama_metadata(c),
+        "add_attention_scale": c.attention_multiplier,
+        "add_embedding_scale": c.embedding_multiplier,
+        "add_residual_scale": c.residual_multiplier,
+        "add_logit_scale": c.logits_scaling,
+    }
+
+
+def _command_r_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's Command-R converter: LayerNorm epsilon, the logit scale, rope scaling type none."""
+    metadata = {**_layer_norm_metadata(c, c.intermediate_size, c.max_position_embeddings)}
+    return {
+        **metadata,
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_rope_freq_base": c.rope_parameters["rope_theta"],
+        "add_logit_scale": c.logit_scale,
+        "add_rope_scaling_type": gguf.RopeScalingType.NONE,
+    }
+
+
+def _cohere2_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's Cohere2 converter: Command-R's keys and the window (no pattern: llama.cpp's default period 4)."""
+    return {**_command_r_metadata(c), "add_sliding_window": c.sliding_window}
+
+
+def _nemotron_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's Nemotron converter: LayerNorm epsilon, rotated dims from embedding_length / heads, no scaling."""
+    metadata = {
+        **_text_model_metadata(c),
+        "add_layer_norm_eps": c.norm_eps,
+        "add_rope_dimension_count": int(c.rope_parameters["partial_rotary_factor"] * c.hidden_size)
+        // c.num_attention_heads,
+        "add_rope_scaling_type": gguf.RopeScalingType.NONE,
+    }
+    if c.head_dim != c.hidden_size // c.num_attention_heads:
+        metadata.update(add_key_length=c.head_dim, add_value_length=c.head_dim)
+    return metadata
 
 
 # name -> (GGUF architecture, upstream class, upstream config kwargs, metadata, whether upstream loads the GGUF)
@@ -274,6 +387,104 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         _starcoder2_metadata,
         False,  # upstream ignores rope.freq_base (10000 always)
     ),
+    # sliding and global layers (head dims 16 / 32, proportional rope on a quarter of the global dims), values from
+    # the keys on global layers, per-layer inputs, the last two layers sharing keys/values with a double-wide MLP
+    "gemma4": (
+        "gemma4",
+        transformers.Gemma4ForCausalLM,
+        dict(
+            LLAMA,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            head_dim=16,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            sliding_window=4,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=VOCAB,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            final_logit_softcapping=30.0,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+            },
+        ),
+        _gemma4_metadata,
+        # upstream fails on the per-layer feed_forward_length; its map also ignores the sliding pattern, key_length_swa,
+        # both rope bases and rope_freqs, shared layers, per-layer inputs and the soft-cap (its defaults instead)
+        False,
+    ),
+    "ernie4_5": ("ernie4_5", transformers.Ernie4_5ForCausalLM, dict(LLAMA, head_dim=16), _text_model_metadata, False),
+    "olmo2": ("olmo2", transformers.Olmo2ForCausalLM, LLAMA, _olmo2_metadata, False),  # upstream: no GGUF OLMo
+    # two sliding layers of a window of 3 keys around a full one, each kind with its own rope base
+    "olmo3": (
+        "olmo2",
+        transformers.Olmo3ForCausalLM,
+        dict(
+            LLAMA,
+            num_hidden_layers=3,
+            sliding_window=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1e5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e3},
+            },
+        ),
+        _olmo2_metadata,
+        False,
+    ),
+    # q/k/v biases, head_dim 32 (not 64 / 4)
+    "seed_oss": ("seed_oss", transformers.SeedOssForCausalLM, dict(LLAMA, head_dim=32), _text_model_metadata, False),
+    # Llama's q/k permute, weightless norms; a clamp of 0.5 that the noisy weights reach
+    "olmo": ("olmo", transformers.OlmoForCausalLM, dict(LLAMA, clip_qkv=0.5), _olmo_metadata, False),
+    "olmo_unclamped": ("olmo", transformers.OlmoForCausalLM, LLAMA, _olmo_metadata, False),
+    "granite": (
+        "granite",
+        transformers.GraniteForCausalLM,
+        {
+            **LLAMA,
+            "embedding_multiplier": 12.0,
+            "attention_multiplier": 0.2,
+            "residual_multiplier": 0.3,
+            "logits_scaling": 8.0,
+        },
+        _granite_metadata,
+        False,
+    ),
+    # interleaved rope, parallel blocks, logit scale 0.3, tied head; 64 layers: Command R+'s per-head q/k norms
+    "command_r": (
+        "command-r",
+        transformers.CohereForCausalLM,
+        dict(LLAMA, logit_scale=0.3),
+        _command_r_metadata,
+        False,
+    ),
+    "command_r_plus_qk_norms": (
+        "command-r",
+        transformers.CohereForCausalLM,
+        dict(LLAMA, hidden_size=32, intermediate_size=32, num_hidden_layers=64, logit_scale=0.3, use_qk_norm=True),
+        _command_r_metadata,
+        False,  # upstream: no GGUF Command-R
+    ),
+    # LayerNorm1p, squared-ReLU MLP, half the head rotated; biases on every projection
+    "nemotron": (
+        "nemotron",
+        transformers.NemotronForCausalLM,
+        dict(LLAMA, attention_bias=True, mlp_bias=True),
+        _nemotron_metadata,
+        False,  # upstream: no GGUF Nemotron
+    ),
+    "nemotron_no_bias": ("nemotron", transformers.NemotronForCausalLM, LLAMA, _nemotron_metadata, False),
+    # three sliding layers (rotated, a window of 3 keys) then a global one without positions, logit scale 0.3
+    "cohere2": (
+        "cohere2",
+        transformers.Cohere2ForCausalLM,
+        dict(LLAMA, num_hidden_layers=4, sliding_window=3, logit_scale=0.3),
+        _cohere2_metadata,
+        False,  # upstream: no GGUF Cohere2
+    ),
 }
 
 
@@ -318,7 +529,7 @@ class TmpDirTestCase(unittest.TestCase):
 
 
 class GGUFArchitectureTest(TmpDirTestCase):
-    @parameterized.expand(sorted(CASES))
+    @parameterized.expand(sorted(CASES), name_func=by_name)
     def test_logits_match_upstream_and_safetensors(self, case: str) -> None:
         upstream = self.write_model_gguf(case)
         ours = AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
@@ -428,6 +639,19 @@ class GGUFArchitectureTest(TmpDirTestCase):
         write_gguf(self.path("gguf", "model.gguf"), "phi3", tensors, metadata)
         with self.assertRaisesRegex(ValueError, "LongRoPE needs both rope_factors_short.weight and"):
             load_gguf_config_dict(self.path("gguf", "model.gguf"))
+
+    def test_gemma4_soft_cap_defaults_to_llama_cpps(self) -> None:
+        """llama.cpp's Gemma 4 caps logits at 30 when the file states no cap (its converter writes none for an
+        uncapped model); 0 turns it off."""
+        upstream = self.write_model_gguf("gemma4")
+        tensors = gguf_tensors("gemma4", self.path("hf"), upstream.config)
+        metadata = CASES["gemma4"][3](upstream.config)
+        del metadata["add_final_logit_softcapping"]
+        for cap, expected in ((None, 30.0), (0.0, None), (15.0, 15.0)):
+            extra = {} if cap is None else {"add_final_logit_softcapping": cap}
+            path = self.path("gguf", f"cap_{cap}.gguf")
+            write_gguf(path, "gemma4", tensors, {**metadata, **extra})
+            self.assertEqual(load_gguf_config_dict(path)["final_logit_softcapping"], expected, cap)
 
     def test_gemma3_config_follows_llama_cpp(self) -> None:
         """With a window: five sliding layers in six (base 10000), no soft-capping even when the file states one.
@@ -580,6 +804,24 @@ class GGUFErrorTest(TmpDirTestCase):
             with self.assertRaisesRegex(OSError, f"not a readable GGUF file: .*{reason}"):
                 load_gguf_config_dict(self.path("gguf", f"cut{cut}.gguf"))
 
+    def test_graphs_llama_cpp_lacks_are_refused(self) -> None:
+        """A tensor llama.cpp's graph would ignore or a layout it would compute otherwise: refused, not dropped."""
+        head = {"output.weight": np.ones((VOCAB, 64), np.float32)}
+        for case, tensors_edit, metadata_edit, message in (
+            ("command_r", head, {}, "has output.weight"),
+            ("cohere2", head, {}, "has output.weight"),
+            ("command_r", {"blk.0.attn_q_norm.weight": np.ones(16, np.float32)}, {}, "64 layers"),
+            ("seed_oss", {"blk.0.attn_output.bias": np.ones(64, np.float32)}, {}, "attn_output bias"),
+            ("olmo", {}, {"add_layer_norm_eps": 1e-6}, "LayerNorm epsilon is 1e-05"),
+        ):
+            with self.subTest(case=case, message=message):
+                arch, _, _, metadata, _ = CASES[case]
+                upstream = self.write_model_gguf(case)
+                tensors = gguf_tensors(arch, self.path("hf"), upstream.config)
+                self.write(arch, {**tensors, **tensors_edit}, {**metadata(upstream.config), **metadata_edit})
+                with self.assertRaisesRegex(ValueError, message):
+                    load_gguf_config_dict(self.path("gguf", "model.gguf"))
+
 
 class GGUFConversionTest(TmpDirTestCase):
     def test_conversion_writes_a_complete_checkpoint_atomically(self) -> None:
@@ -613,6 +855,24 @@ class GGUFConversionTest(TmpDirTestCase):
         write_gguf(self.path("gguf", "model.gguf"), "llama", {}, {"add_block_count": 1})
         with self.assertRaisesRegex(ValueError, "no tokenizer.ggml.tokens"):
             load_gguf_tokenizer_files(self.path("gguf", "model.gguf"))
+
+
+class GGUFGraniteTest(TmpDirTestCase):
+    def test_granite_without_rope_is_refused(self) -> None:
+        """llama.cpp's Granite skips rope when `rope.scaling.finetuned` is false; our model cannot."""
+        upstream = self.write_model_gguf("granite")
+        tensors = gguf_tensors("granite", self.path("hf"), upstream.config)
+        metadata = {**CASES["granite"][3](upstream.config), "add_rope_scaling_finetuned": False}
+        write_gguf(self.path("gguf", "model.gguf"), "granite", tensors, metadata, tokenizer=byte_tokens(VOCAB))
+        with self.assertRaisesRegex(ValueError, r"model\.gguf: `rope\.scaling\.finetuned` is false"):
+            AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+
+
+class GGUFErnie4_5Test(TmpDirTestCase):
+    def test_projection_biases_are_refused(self) -> None:
+        self.write_model_gguf("ernie4_5", config_kwargs=dict(CASES["ernie4_5"][2], use_bias=True))
+        with self.assertRaisesRegex(ValueError, "ERNIE 4.5 drops attn_output's bias.*the file has blk.0.attn_q.bias"):
+            AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
 
 
 if __name__ == "__main__":

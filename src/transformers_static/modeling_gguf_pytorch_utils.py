@@ -154,10 +154,9 @@ def load_gguf_config_dict(gguf_path: str | os.PathLike) -> dict[str, Any]:
     """The config.json dict of our model type for a GGUF file, from its metadata alone. `dtype` is the float type
     the file holds its weights in (float32 when they are quantized)."""
     tensors, md = read_gguf(gguf_path)
-    architecture = gguf_architecture(md)
-    config = GGUF_ARCHITECTURES[architecture].config(md)
-    dtype = _file_dtype(tensors)
-    return {**config, "model_type": GGUF_ARCHITECTURES[architecture].model_type, "dtype": str(dtype).split(".")[1]}
+    architecture = GGUF_ARCHITECTURES[gguf_architecture(md)]
+    config = {"model_type": architecture.model_type_of(md), **architecture.config(md)}
+    return {**config, "dtype": str(_file_dtype(tensors)).split(".")[1]}
 
 
 def _file_dtype(tensors: list[GGUFTensorInfo]) -> torch.dtype:
@@ -190,7 +189,7 @@ def load_gguf_checkpoint(
         gguf_stem, block, suffix = _split_name(tensor.name)
         if names[gguf_stem] is None:  # read into the config
             continue
-        for stem, value in undo(gguf_stem, _dequantize(tensor), config).items():
+        for stem, value in undo(gguf_stem, suffix, _dequantize(tensor), config).items():
             state_dict[_our_name(names[stem], block, suffix)] = value.to(dtype)
     _join(state_dict, GGUF_ARCHITECTURES[architecture].joins, md.path)
     return config, state_dict
@@ -205,7 +204,8 @@ def _split_name(name: str) -> tuple[str, int | None, str]:
 
 
 def _our_name(module: str, block: int | None, suffix: str) -> str:
-    return f"{module.format(block)}.{suffix}"
+    """`<module>.<suffix>`; a name ending in "=" is a bare buffer (Gemma 4's `layer_scalar`), taken as is."""
+    return module.format(block)[:-1] if module.endswith("=") else f"{module.format(block)}.{suffix}"
 
 
 def _join(state_dict: dict[str, torch.Tensor], joins: dict[str, tuple[str, ...]], path: str) -> None:
@@ -270,12 +270,13 @@ def _dequantize(tensor: GGUFTensorInfo) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- llama.cpp's layouts, undone
-# Each takes (stem, float32 tensor, config) and returns {stem: tensor as our model holds it}.
-def _unchanged(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+# Each takes (stem, suffix: "weight" or "bias", float32 tensor, config) and returns {stem: tensor as our model
+# holds it}.
+def _unchanged(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {stem: tensor}
 
 
-def _llama(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _llama(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """llama.cpp rotates interleaved pairs, so it stores each q/k head's rows as (pair, 2) where ours (and
     upstream's rotate_half) hold (2, half): un-permute q with the heads, k with the key/value heads."""
     heads = {"blk.attn_q": config["num_attention_heads"], "blk.attn_k": config["num_key_value_heads"]}.get(stem)
@@ -286,20 +287,22 @@ def _llama(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str,
     return {stem: paired.transpose(1, 2).reshape(tensor.shape)}
 
 
-def _gemma(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _gemma(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """llama.cpp stores Gemma's RMSNorm weights as `1 + w` (it scales by the stored weight), Gemma 3's query/key
     norms too; ours hold `w`."""
     return {stem: tensor - 1 if stem.endswith("norm") else tensor}
 
 
-def _gpt2(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _gpt2(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """GPT-2's `Conv1D` weights are `[in, out]`; llama.cpp stores them `[out, in]`."""
     if stem in ("blk.attn_qkv", "blk.attn_output", "blk.ffn_up", "blk.ffn_down") and tensor.dim() == 2:
         return {stem: tensor.t().contiguous()}
     return {stem: tensor}
 
 
-def _fused_qkv_per_head(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _fused_qkv_per_head(
+    stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]
+) -> dict[str, torch.Tensor]:
     """Bloom / GPT-NeoX fuse q, k, v per head (`[heads, 3, head_dim]` rows); llama.cpp stores `[3, heads, head_dim]`."""
     if stem != "blk.attn_qkv":
         return {stem: tensor}
@@ -308,7 +311,7 @@ def _fused_qkv_per_head(stem: str, tensor: torch.Tensor, config: dict[str, Any])
     return {stem: tensor.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(tensor.shape)}
 
 
-def _falcon(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _falcon(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Falcon groups rows per key/value head (`[kv_heads, heads / kv_heads + 2, head_dim]`: the group's queries,
     then its key and value); llama.cpp stores all queries, then all keys, then all values."""
     if stem != "blk.attn_qkv":
@@ -320,7 +323,7 @@ def _falcon(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str
     return {stem: torch.cat(groups, dim=1).reshape(tensor.shape)}
 
 
-def _phi2(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _phi2(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Phi-2 files converted from the original checkpoint fuse `[q; k; v]` rows in `attn_qkv`; ours are separate."""
     if stem != "blk.attn_qkv":
         return {stem: tensor}
@@ -330,8 +333,13 @@ def _phi2(stem: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, 
     return {"blk.attn_q": q, "blk.attn_k": k, "blk.attn_v": v}
 
 
-# Qwen 3, Phi-3 and StarCoder2 files keep upstream's layout: llama.cpp rotates their heads' halves as upstream does.
-TENSOR_PROCESSORS: dict[str, Callable[[str, torch.Tensor, dict[str, Any]], dict[str, torch.Tensor]]] = {
+def _nemotron(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Nemotron's LayerNorm1p scales by `1 + w`; llama.cpp's converter stores `1 + w` (its biases as they are)."""
+    return {stem: tensor - 1 if stem.endswith("norm") and suffix == "weight" else tensor}
+
+
+# Files of the other architectures keep upstream's layout (llama.cpp rotates their heads as upstream does).
+TENSOR_PROCESSORS: dict[str, Callable[[str, str, torch.Tensor, dict[str, Any]], dict[str, torch.Tensor]]] = {
     "llama": _llama,
     "mistral": _llama,
     "gemma": _gemma,
@@ -342,14 +350,17 @@ TENSOR_PROCESSORS: dict[str, Callable[[str, torch.Tensor, dict[str, Any]], dict[
     "falcon": _falcon,
     "phi2": _phi2,
     "gemma3": _gemma,
+    "olmo": _llama,
+    "granite": _llama,
+    "nemotron": _nemotron,
 }
 
 
 # ---------------------------------------------------------------------- model type and tokenizer data
 def gguf_model_type(gguf_path: str | os.PathLike) -> str:
-    """Our model type for a GGUF file (what its config.json would say), from its architecture."""
+    """Our model type for a GGUF file (what its config.json would say), from its architecture (and metadata)."""
     _, md = read_gguf(gguf_path)
-    return GGUF_ARCHITECTURES[gguf_architecture(md)].model_type
+    return GGUF_ARCHITECTURES[gguf_architecture(md)].model_type_of(md)
 
 
 def load_gguf_tokenizer_data(gguf_path: str | os.PathLike) -> dict[str, Any]:

@@ -98,8 +98,8 @@ def _rope_parameters(md: GGUFMetadata, head_dim: int, partial: bool) -> dict[str
     return params
 
 
-def _decoder(md: GGUFMetadata) -> dict[str, Any]:
-    """The fields Llama-like configs share: sizes, heads, RMSNorm epsilon, context length."""
+def _sizes(md: GGUFMetadata) -> dict[str, Any]:
+    """`_common` and the sizes Llama-like configs name alike: widths, layers, heads, key/value heads, context."""
     heads = md["attention.head_count"]
     return {
         **_common(md),
@@ -109,8 +109,12 @@ def _decoder(md: GGUFMetadata) -> dict[str, Any]:
         "num_attention_heads": heads,
         "num_key_value_heads": md.get("attention.head_count_kv", heads),
         "max_position_embeddings": md["context_length"],
-        "rms_norm_eps": md["attention.layer_norm_rms_epsilon"],
     }
+
+
+def _decoder(md: GGUFMetadata) -> dict[str, Any]:
+    """`_sizes` with the RMSNorm epsilon."""
+    return {**_sizes(md), "rms_norm_eps": md["attention.layer_norm_rms_epsilon"]}
 
 
 def _head_dim(md: GGUFMetadata) -> int:
@@ -346,19 +350,292 @@ def _starcoder2_config(md: GGUFMetadata) -> dict[str, Any]:
     base `rope.freq_base` (upstream's GGUF loading ignores it and keeps 10000; StarCoder2-3B's is 999999.4). No
     sliding window: llama.cpp's StarCoder2 graph has none, though the checkpoints' configs state 4096."""
     head_dim = _full_width_head_dim(md)
-    heads = md["attention.head_count"]
     return {
-        **_common(md),
-        "hidden_size": md["embedding_length"],
-        "intermediate_size": md["feed_forward_length"],
-        "num_hidden_layers": md["block_count"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": md.get("attention.head_count_kv", heads),
-        "max_position_embeddings": md["context_length"],
+        **_sizes(md),
         "norm_epsilon": md["attention.layer_norm_epsilon"],
         "rope_parameters": _rope_parameters(md, head_dim, partial=False),
         "use_bias": md.has_tensor("blk.0.attn_output.bias"),
         "sliding_window": None,
+    }
+
+
+def _per_layer(md: GGUFMetadata, key: str, layers: int, default: Any = _REQUIRED) -> list[Any]:
+    """A key llama.cpp reads as one value or one per layer (`get_key_or_arr`), as a per-layer list."""
+    value = md[key] if default is _REQUIRED else md.get(key, default)
+    return list(value) if isinstance(value, list) else [value] * layers
+
+
+def _one_per_kind(md: GGUFMetadata, key: str, values: list[Any], layer_types: list[str], kind: str) -> Any:
+    """The one value a per-layer key takes on the layers of a kind; upstream's Gemma 4 has no other."""
+    found = {value for value, t in zip(values, layer_types, strict=True) if t == kind}
+    if len(found) > 1:
+        raise ValueError(f"{md.path}: {key} differs between {kind} layers ({sorted(found)}); one value per kind only")
+    return found.pop() if found else None
+
+
+GEMMA4_FINAL_LOGIT_SOFTCAP = 30.0
+
+
+def _gemma4_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Gemma 4 (dense). `attention.sliding_window_pattern` states per layer whether it slides (over the
+    last `attention.sliding_window` keys); sliding heads are `attention.key_length_swa` wide and rotate
+    `rope.dimension_count_swa` dims with base `rope.freq_base_swa` (default 10000), global heads
+    `attention.key_length` wide with base `rope.freq_base` and the `rope_freqs` factors (1 on the rotated pairs, 1e30
+    on the rest: upstream's proportional rope; without the tensor, plain rope). Norms are stored as is (no +1), scores
+    unscaled. `head_count_kv` and `feed_forward_length` may be per layer (the global layers' key/value heads; twice the
+    width on the `attention.shared_kv_layers` last layers: `use_double_wide_mlp`); full layers without `attn_v` take
+    values from the keys (`attention_k_eq_v`). Shared layers reuse the last two layers with a cache (the global one
+    last), which is upstream's rule only when those are sliding then global; other layouts are refused, as are MoE
+    files (`ffn_gate_inp`). Logits are soft-capped by `final_logit_softcapping`, 30 when the file states none (llama.cpp's
+    default, which its converter relies on: it writes no key for a model without a cap, so such a file is capped)."""
+    layers = md["block_count"]
+    if md.has_tensor("blk.0.ffn_gate_inp.weight"):
+        raise ValueError(f"{md.path}: Gemma 4 mixture-of-experts files (ffn_gate_inp) are not supported here")
+    sliding = md["attention.sliding_window_pattern"]
+    if len(sliding) != layers:
+        raise ValueError(f"{md.path}: attention.sliding_window_pattern has {len(sliding)} entries for {layers} layers")
+    layer_types = ["sliding_attention" if s else "full_attention" for s in sliding]
+    if layer_types[-1] != "full_attention":
+        raise ValueError(f"{md.path}: the last Gemma 4 layer must be global (attention.sliding_window_pattern)")
+    shared = md.get("attention.shared_kv_layers", 0)
+    first_shared = layers - shared
+    if shared and layer_types[first_shared - 2 : first_shared] != ["sliding_attention", "full_attention"]:
+        raise ValueError(
+            f"{md.path}: llama.cpp's shared layers reuse layers {first_shared - 2} (sliding) and {first_shared - 1} "
+            "(global); attention.sliding_window_pattern states other kinds there"
+        )
+    heads = md["attention.head_count"]
+    kv = _per_layer(md, "attention.head_count_kv", layers, heads)
+    kv_sliding = _one_per_kind(md, "attention.head_count_kv", kv, layer_types, "sliding_attention")
+    kv_full = _one_per_kind(md, "attention.head_count_kv", kv, layer_types, "full_attention")
+    head_dim, global_head_dim = md["attention.key_length_swa"], md["attention.key_length"]
+    for key, expected in (("value_length_swa", head_dim), ("value_length", global_head_dim)):
+        if md.get(f"attention.{key}", expected) != expected:
+            raise ValueError(f"{md.path}: attention.{key} must equal the key length ({expected})")
+    ffn = _per_layer(md, "feed_forward_length", layers)
+    double = ffn[layers - 1] == 2 * ffn[0] and shared > 0
+    if ffn != [ffn[0] * (2 if double and i >= first_shared else 1) for i in range(layers)]:
+        raise ValueError(f"{md.path}: feed_forward_length {ffn}: one width, or twice it on the shared layers only")
+    if md.get("rope.dimension_count_swa", md.get("rope.dimension_count", global_head_dim)) != head_dim:
+        raise ValueError(f"{md.path}: rope.dimension_count_swa must equal attention.key_length_swa ({head_dim})")
+    if md.get("rope.dimension_count", global_head_dim) != global_head_dim:
+        raise ValueError(f"{md.path}: rope.dimension_count must equal attention.key_length ({global_head_dim})")
+    full_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base", 10000.0))}
+    if md.has_tensor("rope_freqs.weight"):
+        factors = md.tensor_values("rope_freqs.weight")
+        rotated = factors.count(1.0)
+        unrotated = [abs(f / 1e30 - 1) < 1e-6 for f in factors[rotated:]]  # 1e30 as float32
+        if len(factors) != global_head_dim // 2 or not all(unrotated):
+            raise ValueError(
+                f"{md.path}: rope_freqs must be 1 (rotated) then 1e30 (unrotated) pairs, proportional rope"
+            )
+        full_rope.update(rope_type="proportional", partial_rotary_factor=rotated / len(factors))
+    k_eq_v = [not md.has_tensor(f"blk.{i}.attn_v.weight") for i in range(first_shared)]
+    if any(k_eq_v[i] != (t == "full_attention") for i, t in enumerate(layer_types[:first_shared])) and any(k_eq_v):
+        raise ValueError(f"{md.path}: only (and every) global layer may lack attn_v (values from the keys)")
+    per_layer = md["embedding_length_per_layer_input"]
+    return {
+        **_common(md),
+        "hidden_size": md["embedding_length"],
+        "intermediate_size": ffn[0],
+        "use_double_wide_mlp": double,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_sliding if kv_sliding is not None else kv_full,
+        "head_dim": head_dim,
+        "global_head_dim": global_head_dim,
+        "per_layer_config": {
+            i: {"head_dim": global_head_dim, "num_key_value_heads": kv_full}
+            for i, t in enumerate(layer_types)
+            if t == "full_attention"
+        },
+        "attention_k_eq_v": any(k_eq_v),
+        "num_kv_shared_layers": shared,
+        "max_position_embeddings": md["context_length"],
+        "rms_norm_eps": md["attention.layer_norm_rms_epsilon"],
+        "sliding_window": md["attention.sliding_window"],
+        "layer_types": layer_types,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base_swa", 10000.0))},
+            "full_attention": full_rope,
+        },
+        # llama.cpp's Gemma 4 keeps its hparams default (30) when the file states no cap (Gemma 3 zeroes it)
+        "final_logit_softcapping": md.get("final_logit_softcapping", GEMMA4_FINAL_LOGIT_SOFTCAP) or None,
+        "hidden_size_per_layer_input": per_layer,
+        "vocab_size_per_layer_input": md.tensor_shapes["per_layer_token_embd.weight"][0] if per_layer else 0,
+    }
+
+
+def _ernie4_5_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's dense ERNIE 4.5: Llama's blocks with interleaved (NORM) rope on unpermuted q/k, as upstream's. Its
+    graph drops attn_output's bias, so a file with projection biases (upstream's one `use_bias`) is refused."""
+    for name in ("blk.0.attn_q.bias", "blk.0.attn_output.bias", "blk.0.ffn_up.bias"):
+        if md.has_tensor(name):
+            raise ValueError(
+                f"{md.path}: llama.cpp's ERNIE 4.5 drops attn_output's bias, which upstream's use_bias sets with the "
+                f"others; the file has {name}"
+            )
+    return {**_rotary_decoder(md), "use_bias": False}
+
+
+def _swa_layer_types(md: GGUFMetadata, layers: int, default_pattern: int) -> list[str]:
+    """llama.cpp's `load_swa_pattern`: `attention.sliding_window_pattern` as one flag per layer, else as a period n
+    (the file's, else `default_pattern`) in which the last layer of each n is full (n = 0: every layer slides)."""
+    pattern = md.get("attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ValueError(f"{md.path}: attention.sliding_window_pattern has {len(pattern)} entries, not {layers}")
+        sliding = [bool(flag) for flag in pattern]
+    else:
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    return ["sliding_attention" if flag else "full_attention" for flag in sliding]
+
+
+def _olmo2_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's OLMo 2 / OLMo 3 ("olmo2"): RMSNorms after attention and MLP, q/k RMSNorm over the whole
+    projections, full-width rotate-half rope. A positive `attention.sliding_window` makes the file an OLMo 3:
+    sliding layers by `_swa_layer_types` (period 4 by default), attending to the last `sliding_window` keys and
+    rotating with base `rope.freq_base_swa` (default `rope.freq_base`) unscaled; full layers take the file's rope
+    (linear scaling only here: a YaRN file, as OLMo 3's long-context ones, is refused by `_rope_parameters`)."""
+    head_dim = _full_width_head_dim(md)
+    config = {**_decoder(md), "rope_parameters": _rope_parameters(md, head_dim, partial=False)}
+    window = md.get("attention.sliding_window", 0)
+    if not window:
+        return config
+    full = config.pop("rope_parameters")
+    sliding = {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base_swa", full["rope_theta"]))}
+    return {
+        **config,
+        "sliding_window": window,
+        "layer_types": _swa_layer_types(md, config["num_hidden_layers"], 4),
+        "rope_parameters": {"full_attention": full, "sliding_attention": sliding},
+    }
+
+
+def _olmo2_model_type(md: GGUFMetadata) -> str:
+    """OLMo 3 when the file states a positive `attention.sliding_window` (see `_olmo2_config`), else OLMo 2."""
+    return "olmo3" if md.get("attention.sliding_window", 0) else "olmo2"
+
+
+def _seed_oss_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Seed-OSS: Llama's blocks (rotate-half rope, q/k/v biases when the file has them) with the head dim
+    from `attention.key_length`; its graph has no output-projection bias, so a file with one is refused."""
+    if md.has_tensor("blk.0.attn_output.bias"):
+        raise ValueError(f"{md.path}: llama.cpp's Seed-OSS has no attn_output bias; the file has one")
+    return {
+        **_rotary_decoder(md),
+        "attention_bias": md.has_tensor("blk.0.attn_q.bias"),
+        "attention_out_bias": False,
+    }
+
+
+OLMO_LAYER_NORM_EPS = 1e-5
+
+
+def _olmo_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's OLMo (1): Llama's blocks with weightless, bias-free LayerNorms, interleaved rope (q/k rows
+    permuted by the converter, as Llama's), values clamped to `attention.clamp_kqv` when the file states it (0 or
+    absent: no clamp). OLMo's norms have a fixed epsilon of 1e-5 (the converter writes it); another is refused."""
+    eps = md["attention.layer_norm_epsilon"]
+    if abs(eps - OLMO_LAYER_NORM_EPS) > 1e-9:
+        raise ValueError(f"{md.path}: OLMo's LayerNorm epsilon is {OLMO_LAYER_NORM_EPS}; the file states {eps}")
+    return {
+        **_sizes(md),
+        "rope_parameters": _rope_parameters(md, _full_width_head_dim(md), partial=False),
+        "clip_qkv": md.get("attention.clamp_kqv", 0.0) or None,
+    }
+
+
+def _granite_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Granite: the Llama graph with the embeddings, residual branches and attention scores scaled by
+    `embedding_scale`, `residual_scale`, `attention.scale` (absent or 0: unscaled, 1/sqrt(head_dim)) and the logits
+    divided by `logit_scale` (required). Its graph skips rope when `rope.scaling.finetuned` is false; our model
+    always ropes, so such a file is refused."""
+    if not md.get("rope.scaling.finetuned", True):
+        raise ValueError(
+            f"{md.path}: `rope.scaling.finetuned` is false (llama.cpp's Granite without rope); expected true"
+        )
+    head_dim = _head_dim(md)
+    return {
+        **_llama_config(md),
+        "embedding_multiplier": md.get("embedding_scale", 0.0) or 1.0,
+        "residual_multiplier": md.get("residual_scale", 0.0) or 1.0,
+        "attention_multiplier": md.get("attention.scale", 0.0) or head_dim**-0.5,
+        "logits_scaling": md["logit_scale"],
+    }
+
+
+COMMAND_R_QK_NORM_LAYERS = 64
+
+
+def _cohere_blocks(md: GGUFMetadata, name: str) -> dict[str, Any]:
+    """What llama.cpp's Command-R and Cohere2 share: bias-free LayerNorm blocks, full-width interleaved rope, the
+    head tied to the embeddings (their graphs read no `output.weight`, so a file with one is refused)."""
+    if md.has_tensor("output.weight"):
+        raise ValueError(f"{md.path}: llama.cpp's {name} ties the head to token_embd; the file has output.weight")
+    return {
+        **_sizes(md),
+        "layer_norm_eps": md["attention.layer_norm_epsilon"],
+        "rope_parameters": _rope_parameters(md, _full_width_head_dim(md), partial=False),
+    }
+
+
+def _command_r_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Command-R: attention and SwiGLU MLP in parallel after one bias-free LayerNorm, interleaved rope
+    (upstream's layout: the converter permutes nothing), the head tied to the embeddings (llama.cpp reads no
+    `output.weight`), logits scaled by `logit_scale` (absent: unscaled). Its graph has per-head q/k LayerNorms
+    exactly when there are 64 layers or more (Command R+), so a file with them elsewhere is refused."""
+    layers = md["block_count"]
+    qk_norm = md.has_tensor("blk.0.attn_q_norm.weight")
+    if qk_norm != (layers >= COMMAND_R_QK_NORM_LAYERS):
+        raise ValueError(
+            f"{md.path}: llama.cpp's Command-R has q/k norms exactly when it has {COMMAND_R_QK_NORM_LAYERS} layers or "
+            f"more; this file has {layers} layers and {'' if qk_norm else 'no '}q/k norms"
+        )
+    return {
+        **_cohere_blocks(md, "Command-R"),
+        "logit_scale": md.get("logit_scale", 0.0) or 1.0,
+        "use_qk_norm": qk_norm,
+        "attention_bias": md.has_tensor("blk.0.attn_q.bias"),
+    }
+
+
+def _cohere2_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Cohere2 (Command R7B): Command-R's parallel blocks without q/k norms or biases, the head tied to the
+    embeddings; layers slide by `_swa_layer_types` (period 4 by default) over the last `attention.sliding_window` keys
+    and only sliding layers rotate, with base `rope.freq_base`: its graph takes no per-layer base, so a stated
+    `rope.freq_base_swa` changes nothing there, nor here."""
+    return {
+        **_cohere_blocks(md, "Cohere2"),
+        "logit_scale": md["logit_scale"],
+        "sliding_window": md["attention.sliding_window"],
+        "layer_types": _swa_layer_types(md, md["block_count"], 4),
+    }
+
+
+def _biases(md: GGUFMetadata, field: str, stems: tuple[str, ...]) -> bool:
+    """Whether block 0 has biases on all of `stems` (upstream's `field` sets them together); some only is refused."""
+    present = [md.has_tensor(f"blk.0.{stem}.bias") for stem in stems]
+    if any(present) and not all(present):
+        raise ValueError(
+            f"{md.path}: {field} gives biases to all of {', '.join(stems)} or none; the file has biases on "
+            f"{', '.join(stem for stem, p in zip(stems, present, strict=True) if p)} only"
+        )
+    return all(present)
+
+
+def _nemotron_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Nemotron: LayerNorm1p blocks (the converter stores `1 + w`, undone on load), a squared-ReLU MLP
+    without gate, rotate-half rope on the first `rope.dimension_count` dims of each head (the converter computes
+    them from embedding_length / head_count; the file's count is what both graphs rotate), optional biases."""
+    head_dim = _head_dim(md)
+    return {
+        **_sizes(md),
+        "head_dim": head_dim,
+        "norm_eps": md["attention.layer_norm_epsilon"],
+        "rope_parameters": _rope_parameters(md, head_dim, partial=True),
+        "attention_bias": _biases(md, "attention_bias", ("attn_q", "attn_k", "attn_v", "attn_output")),
+        "mlp_bias": _biases(md, "mlp_bias", ("ffn_up", "ffn_down")),
     }
 
 
@@ -515,17 +792,73 @@ STARCODER2_TENSORS = {
     ),
 }
 
+GEMMA4_TENSORS: dict[str, str | None] = {
+    **GEMMA3_TENSORS,
+    "rope_freqs": None,  # the global layers' proportional rope (see _gemma4_config)
+    "per_layer_token_embd": "model.embed_tokens_per_layer",
+    "per_layer_model_proj": "model.per_layer_model_projection",
+    "per_layer_proj_norm": "model.per_layer_projection_norm",
+    **_blocks(
+        "model.layers",
+        {
+            "inp_gate": "per_layer_input_gate",
+            "proj": "per_layer_projection",
+            "post_norm": "post_per_layer_input_norm",
+            "layer_output_scale": "layer_scalar=",  # a buffer: no .weight
+        },
+    ),
+}
+
+
+OLMO2_TENSORS = {
+    **{name: LLAMA_TENSORS[name] for name in ("token_embd", "output_norm", "output")},
+    **_blocks(
+        "model.layers",
+        {
+            **{stem: _LLAMA_BLOCK[stem] for stem in _LLAMA_BLOCK if stem not in ("attn_norm", "ffn_norm")},
+            **_QK_NORMS,
+            "post_attention_norm": "post_attention_layernorm",
+            "post_ffw_norm": "post_feedforward_layernorm",
+        },
+    ),
+}
+SEED_OSS_TENSORS = {**LLAMA_TENSORS, **_blocks("model.layers", {"post_attention_norm": "post_attention_layernorm"})}
+del SEED_OSS_TENSORS["blk.ffn_norm"]  # its one post-attention norm is llama.cpp's post_attention_norm
+
+OLMO_TENSORS = {name: ours for name, ours in LLAMA_TENSORS.items() if not name.endswith("norm")}
+
+
+COMMAND_R_TENSORS = {
+    **{name: LLAMA_TENSORS[name] for name in ("token_embd", "output_norm")},
+    **_blocks(
+        "model.layers", {**{stem: _LLAMA_BLOCK[stem] for stem in _LLAMA_BLOCK if stem != "ffn_norm"}, **_QK_NORMS}
+    ),
+}
+COHERE2_TENSORS = {
+    name: ours for name, ours in COMMAND_R_TENSORS.items() if name not in ("blk.attn_q_norm", "blk.attn_k_norm")
+}
+NEMOTRON_TENSORS = {
+    **{name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"},
+    **_blocks("model.layers", {"ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}),
+}
+
 
 @dataclass(frozen=True)
 class GGUFArchitecture:
-    """One GGUF architecture: our model type, its config from the metadata, its tensor names given that config
-    (None: a tensor read into the config, not a weight), and modules joined from parts on load (`{fused module:
-    (part modules, in row order)}`)."""
+    """One GGUF architecture: our model type (`variant`, where one llama.cpp architecture holds two of ours, picks it
+    from the metadata), its config from the metadata, its tensor names given that config (None: a tensor read into
+    the config, not a weight), and modules joined from parts on load (`{fused module: (part modules, in row
+    order)}`)."""
 
     model_type: str
     config: Callable[[GGUFMetadata], dict[str, Any]]
     tensors: Callable[[dict[str, Any]], dict[str, str | None]]
     joins: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    variant: Callable[[GGUFMetadata], str] | None = None
+
+    def model_type_of(self, md: GGUFMetadata) -> str:
+        """Our model type for a file of this architecture."""
+        return self.model_type if self.variant is None else self.variant(md)
 
 
 GGUF_ARCHITECTURES = {
@@ -547,6 +880,15 @@ GGUF_ARCHITECTURES = {
     "gemma3": GGUFArchitecture("gemma3_text", _gemma3_config, lambda config: GEMMA3_TENSORS),
     "phi3": GGUFArchitecture("phi3", _phi3_config, lambda config: PHI3_TENSORS, PHI3_JOINS),
     "starcoder2": GGUFArchitecture("starcoder2", _starcoder2_config, lambda config: STARCODER2_TENSORS),
+    "gemma4": GGUFArchitecture("gemma4_text", _gemma4_config, lambda config: GEMMA4_TENSORS),
+    "ernie4_5": GGUFArchitecture("ernie4_5", _ernie4_5_config, lambda config: LLAMA_TENSORS),
+    "olmo2": GGUFArchitecture("olmo2", _olmo2_config, lambda config: OLMO2_TENSORS, variant=_olmo2_model_type),
+    "seed_oss": GGUFArchitecture("seed_oss", _seed_oss_config, lambda config: SEED_OSS_TENSORS),
+    "olmo": GGUFArchitecture("olmo", _olmo_config, lambda config: OLMO_TENSORS),
+    "granite": GGUFArchitecture("granite", _granite_config, lambda config: LLAMA_TENSORS),
+    "command-r": GGUFArchitecture("cohere", _command_r_config, lambda config: COMMAND_R_TENSORS),
+    "cohere2": GGUFArchitecture("cohere2", _cohere2_config, lambda config: COHERE2_TENSORS),
+    "nemotron": GGUFArchitecture("nemotron", _nemotron_config, lambda config: NEMOTRON_TENSORS),
 }
 
 
