@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .integrations.ggml import GGUF_ARCHITECTURES, GGUFMetadata, gguf_architecture
+from .integrations.ggml import GGUF_ARCHITECTURES, gguf_architecture
+from .integrations.ggml_metadata import GGUFMetadata
 
 GGUF_INSTALL_HINT = "pip install 'transformers-static[gguf]' (or pip install gguf)"
 

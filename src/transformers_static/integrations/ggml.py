@@ -1,5 +1,5 @@
 """GGUF (llama.cpp) tables: which of our model types each GGUF architecture is, its config rebuilt from the file's
-metadata, and the names of its tensors in our state dicts.
+metadata (`ggml_metadata.GGUFMetadata`), and its tensor names in our state dicts (`ggml_tensors`).
 
 The metadata is read the way llama.cpp reads it (its defaults where a key is optional), so a model loaded here
 computes what llama.cpp computes from the same file. Values that llama.cpp stores transformed (permuted rows,
@@ -12,52 +12,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-_REQUIRED = object()
-
-
-class GGUFMetadata:
-    """A GGUF file's key/values and tensor shapes (torch order). `md["block_count"]` reads
-    `<architecture>.block_count` and names the key when the file lacks it; `md.get(key, default)` is for keys
-    llama.cpp treats as optional."""
-
-    def __init__(
-        self,
-        fields: dict[str, Any],
-        tensor_shapes: dict[str, tuple[int, ...]],
-        path: str,
-        tensor_values: Callable[[str], list[float]] | None = None,
-    ) -> None:
-        self.fields = fields
-        self.tensor_shapes = tensor_shapes
-        self.path = path
-        self.architecture: str = fields["general.architecture"]
-        self._tensor_values = tensor_values
-
-    def __getitem__(self, key: str) -> Any:
-        return self.get(key, _REQUIRED)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        full_key = f"{self.architecture}.{key}"
-        if full_key in self.fields:
-            return self.fields[full_key]
-        if default is _REQUIRED:
-            raise ValueError(
-                f"{self.path}: the GGUF metadata lacks {full_key!r}, which a {self.architecture} file must state"
-            )
-        return default
-
-    def token_id(self, name: str) -> int | None:
-        """`tokenizer.ggml.<name>_token_id`, or None when the file states none."""
-        return self.fields.get(f"tokenizer.ggml.{name}_token_id")
-
-    def has_tensor(self, name: str) -> bool:
-        return name in self.tensor_shapes
-
-    def tensor_values(self, name: str) -> list[float]:
-        """The values of a small tensor that llama.cpp reads as a hyperparameter (Phi-3's rope factors)."""
-        if self._tensor_values is None:
-            raise ValueError(f"{self.path}: the values of tensor {name!r} were not read")
-        return self._tensor_values(name)
+from .ggml_metadata import REQUIRED, GGUFMetadata
+from .ggml_tensors import (
+    BLOOM_TENSORS,
+    COHERE2_TENSORS,
+    COMMAND_R_TENSORS,
+    FALCON_NEW_DECODER_TENSORS,
+    FALCON_TENSORS,
+    GEMMA2_TENSORS,
+    GEMMA3_TENSORS,
+    GEMMA4_TENSORS,
+    GPT2_TENSORS,
+    GPT_NEOX_TENSORS,
+    LLAMA_TENSORS,
+    NEMOTRON_TENSORS,
+    OLMO2_TENSORS,
+    OLMO_TENSORS,
+    PHI2_TENSORS,
+    PHI3_JOINS,
+    PHI3_TENSORS,
+    QWEN3_TENSORS,
+    SEED_OSS_TENSORS,
+    STARCODER2_TENSORS,
+)
 
 
 # ---------------------------------------------------------------------- config from metadata
@@ -359,9 +336,9 @@ def _starcoder2_config(md: GGUFMetadata) -> dict[str, Any]:
     }
 
 
-def _per_layer(md: GGUFMetadata, key: str, layers: int, default: Any = _REQUIRED) -> list[Any]:
+def _per_layer(md: GGUFMetadata, key: str, layers: int, default: Any = REQUIRED) -> list[Any]:
     """A key llama.cpp reads as one value or one per layer (`get_key_or_arr`), as a per-layer list."""
-    value = md[key] if default is _REQUIRED else md.get(key, default)
+    value = md[key] if default is REQUIRED else md.get(key, default)
     return list(value) if isinstance(value, list) else [value] * layers
 
 
@@ -637,210 +614,6 @@ def _nemotron_config(md: GGUFMetadata) -> dict[str, Any]:
         "attention_bias": _biases(md, "attention_bias", ("attn_q", "attn_k", "attn_v", "attn_output")),
         "mlp_bias": _biases(md, "mlp_bias", ("ffn_up", "ffn_down")),
     }
-
-
-# ---------------------------------------------------------------------- tensor names
-def _blocks(prefix: str, names: dict[str, str]) -> dict[str, str]:
-    """Per-block names: `{"attn_q": "self_attn.q_proj"}` -> `{"blk.attn_q": "<prefix>.{}.self_attn.q_proj"}`."""
-    return {f"blk.{gguf}": f"{prefix}.{{}}.{ours}" for gguf, ours in names.items()}
-
-
-_LLAMA_BLOCK = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-LLAMA_TENSORS = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-    **_blocks("model.layers", _LLAMA_BLOCK),
-}
-GEMMA2_TENSORS = {
-    **LLAMA_TENSORS,
-    **_blocks(
-        "model.layers",
-        {
-            "post_attention_norm": "post_attention_layernorm",
-            "ffn_norm": "pre_feedforward_layernorm",
-            "post_ffw_norm": "post_feedforward_layernorm",
-        },
-    ),
-}
-_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-QWEN3_TENSORS = {**LLAMA_TENSORS, **_blocks("model.layers", _QK_NORMS)}
-GEMMA3_TENSORS = {**GEMMA2_TENSORS, **_blocks("model.layers", _QK_NORMS)}
-GPT2_TENSORS = {
-    "token_embd": "transformer.wte",
-    "position_embd": "transformer.wpe",
-    "output_norm": "transformer.ln_f",
-    "output": "lm_head",
-    **_blocks(
-        "transformer.h",
-        {
-            "attn_norm": "ln_1",
-            "attn_qkv": "attn.c_attn",
-            "attn_output": "attn.c_proj",
-            "ffn_norm": "ln_2",
-            "ffn_up": "mlp.c_fc",
-            "ffn_down": "mlp.c_proj",
-        },
-    ),
-}
-_FALCON_LIKE_BLOCK = {
-    "attn_norm": "input_layernorm",
-    "attn_qkv": "self_attention.query_key_value",
-    "attn_output": "self_attention.dense",
-    "ffn_up": "mlp.dense_h_to_4h",
-    "ffn_down": "mlp.dense_4h_to_h",
-}
-FALCON_TENSORS = {
-    "token_embd": "transformer.word_embeddings",
-    "output_norm": "transformer.ln_f",
-    "output": "lm_head",
-    **_blocks("transformer.h", _FALCON_LIKE_BLOCK),
-}
-# Falcon-40B: llama.cpp's attn_norm feeds the MLP (`ln_mlp`), attn_norm_2 the attention (`ln_attn`).
-FALCON_NEW_DECODER_TENSORS = {
-    **FALCON_TENSORS,
-    **_blocks("transformer.h", {"attn_norm": "ln_mlp", "attn_norm_2": "ln_attn"}),
-}
-BLOOM_TENSORS = {
-    **FALCON_TENSORS,
-    "token_embd_norm": "transformer.word_embeddings_layernorm",
-    **_blocks("transformer.h", {"ffn_norm": "post_attention_layernorm"}),
-}
-PHI2_TENSORS = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.final_layernorm",
-    "output": "lm_head",
-    **_blocks(
-        "model.layers",
-        {
-            "attn_norm": "input_layernorm",
-            "attn_q": "self_attn.q_proj",
-            "attn_k": "self_attn.k_proj",
-            "attn_v": "self_attn.v_proj",
-            "attn_qkv": "self_attn.qkv",  # fused in files converted from the original Phi-2; split into q/k/v on load
-            "attn_output": "self_attn.dense",
-            "ffn_up": "mlp.fc1",
-            "ffn_down": "mlp.fc2",
-        },
-    ),
-}
-GPT_NEOX_TENSORS = {
-    "token_embd": "gpt_neox.embed_in",
-    "output_norm": "gpt_neox.final_layer_norm",
-    "output": "embed_out",
-    **_blocks(
-        "gpt_neox.layers",
-        {
-            "attn_norm": "input_layernorm",
-            "attn_qkv": "attention.query_key_value",
-            "attn_output": "attention.dense",
-            "ffn_norm": "post_attention_layernorm",
-            "ffn_up": "mlp.dense_h_to_4h",
-            "ffn_down": "mlp.dense_4h_to_h",
-        },
-    ),
-}
-PHI3_TENSORS: dict[str, str | None] = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-    "rope_factors_long": None,  # read into rope_parameters (see _phi3_config)
-    "rope_factors_short": None,
-    **_blocks(
-        "model.layers",
-        {
-            "attn_norm": "input_layernorm",
-            "attn_qkv": "self_attn.qkv_proj",
-            # files with q/k/v apart: joined into qkv_proj on load (PHI3_JOINS)
-            "attn_q": "self_attn.q_proj",
-            "attn_k": "self_attn.k_proj",
-            "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj",
-            "ffn_norm": "post_attention_layernorm",
-            "ffn_up": "mlp.gate_up_proj",  # [gate; up] rows in both llama.cpp and upstream
-            "ffn_down": "mlp.down_proj",
-        },
-    ),
-}
-PHI3_JOINS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}
-STARCODER2_TENSORS = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-    **_blocks(
-        "model.layers",
-        {
-            "attn_norm": "input_layernorm",
-            "attn_q": "self_attn.q_proj",
-            "attn_k": "self_attn.k_proj",
-            "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj",
-            "ffn_norm": "post_attention_layernorm",
-            "ffn_up": "mlp.c_fc",
-            "ffn_down": "mlp.c_proj",
-        },
-    ),
-}
-
-GEMMA4_TENSORS: dict[str, str | None] = {
-    **GEMMA3_TENSORS,
-    "rope_freqs": None,  # the global layers' proportional rope (see _gemma4_config)
-    "per_layer_token_embd": "model.embed_tokens_per_layer",
-    "per_layer_model_proj": "model.per_layer_model_projection",
-    "per_layer_proj_norm": "model.per_layer_projection_norm",
-    **_blocks(
-        "model.layers",
-        {
-            "inp_gate": "per_layer_input_gate",
-            "proj": "per_layer_projection",
-            "post_norm": "post_per_layer_input_norm",
-            "layer_output_scale": "layer_scalar=",  # a buffer: no .weight
-        },
-    ),
-}
-
-
-OLMO2_TENSORS = {
-    **{name: LLAMA_TENSORS[name] for name in ("token_embd", "output_norm", "output")},
-    **_blocks(
-        "model.layers",
-        {
-            **{stem: _LLAMA_BLOCK[stem] for stem in _LLAMA_BLOCK if stem not in ("attn_norm", "ffn_norm")},
-            **_QK_NORMS,
-            "post_attention_norm": "post_attention_layernorm",
-            "post_ffw_norm": "post_feedforward_layernorm",
-        },
-    ),
-}
-SEED_OSS_TENSORS = {**LLAMA_TENSORS, **_blocks("model.layers", {"post_attention_norm": "post_attention_layernorm"})}
-del SEED_OSS_TENSORS["blk.ffn_norm"]  # its one post-attention norm is llama.cpp's post_attention_norm
-
-OLMO_TENSORS = {name: ours for name, ours in LLAMA_TENSORS.items() if not name.endswith("norm")}
-
-
-COMMAND_R_TENSORS = {
-    **{name: LLAMA_TENSORS[name] for name in ("token_embd", "output_norm")},
-    **_blocks(
-        "model.layers", {**{stem: _LLAMA_BLOCK[stem] for stem in _LLAMA_BLOCK if stem != "ffn_norm"}, **_QK_NORMS}
-    ),
-}
-COHERE2_TENSORS = {
-    name: ours for name, ours in COMMAND_R_TENSORS.items() if name not in ("blk.attn_q_norm", "blk.attn_k_norm")
-}
-NEMOTRON_TENSORS = {
-    **{name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"},
-    **_blocks("model.layers", {"ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}),
-}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,208 @@
+"""GGUF tensor names per llama.cpp architecture: `{gguf stem: our module}` with `blk.<stem>` for per-block tensors
+(`{}` the block index in ours), None for a tensor read into the config rather than loaded, and a module ending in
+"=" for a bare buffer (Gemma 4's `layer_scalar`)."""
+
+from __future__ import annotations
+
+
+def _blocks(prefix: str, names: dict[str, str]) -> dict[str, str]:
+    """Per-block names: `{"attn_q": "self_attn.q_proj"}` -> `{"blk.attn_q": "<prefix>.{}.self_attn.q_proj"}`."""
+    return {f"blk.{gguf}": f"{prefix}.{{}}.{ours}" for gguf, ours in names.items()}
+
+
+_LLAMA_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+LLAMA_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    **_blocks("model.layers", _LLAMA_BLOCK),
+}
+GEMMA2_TENSORS = {
+    **LLAMA_TENSORS,
+    **_blocks(
+        "model.layers",
+        {
+            "post_attention_norm": "post_attention_layernorm",
+            "ffn_norm": "pre_feedforward_layernorm",
+            "post_ffw_norm": "post_feedforward_layernorm",
+        },
+    ),
+}
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+QWEN3_TENSORS = {**LLAMA_TENSORS, **_blocks("model.layers", _QK_NORMS)}
+GEMMA3_TENSORS = {**GEMMA2_TENSORS, **_blocks("model.layers", _QK_NORMS)}
+GPT2_TENSORS = {
+    "token_embd": "transformer.wte",
+    "position_embd": "transformer.wpe",
+    "output_norm": "transformer.ln_f",
+    "output": "lm_head",
+    **_blocks(
+        "transformer.h",
+        {
+            "attn_norm": "ln_1",
+            "attn_qkv": "attn.c_attn",
+            "attn_output": "attn.c_proj",
+            "ffn_norm": "ln_2",
+            "ffn_up": "mlp.c_fc",
+            "ffn_down": "mlp.c_proj",
+        },
+    ),
+}
+_FALCON_LIKE_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_qkv": "self_attention.query_key_value",
+    "attn_output": "self_attention.dense",
+    "ffn_up": "mlp.dense_h_to_4h",
+    "ffn_down": "mlp.dense_4h_to_h",
+}
+FALCON_TENSORS = {
+    "token_embd": "transformer.word_embeddings",
+    "output_norm": "transformer.ln_f",
+    "output": "lm_head",
+    **_blocks("transformer.h", _FALCON_LIKE_BLOCK),
+}
+# Falcon-40B: llama.cpp's attn_norm feeds the MLP (`ln_mlp`), attn_norm_2 the attention (`ln_attn`).
+FALCON_NEW_DECODER_TENSORS = {
+    **FALCON_TENSORS,
+    **_blocks("transformer.h", {"attn_norm": "ln_mlp", "attn_norm_2": "ln_attn"}),
+}
+BLOOM_TENSORS = {
+    **FALCON_TENSORS,
+    "token_embd_norm": "transformer.word_embeddings_layernorm",
+    **_blocks("transformer.h", {"ffn_norm": "post_attention_layernorm"}),
+}
+PHI2_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.final_layernorm",
+    "output": "lm_head",
+    **_blocks(
+        "model.layers",
+        {
+            "attn_norm": "input_layernorm",
+            "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj",
+            "attn_v": "self_attn.v_proj",
+            "attn_qkv": "self_attn.qkv",  # fused in files converted from the original Phi-2; split into q/k/v on load
+            "attn_output": "self_attn.dense",
+            "ffn_up": "mlp.fc1",
+            "ffn_down": "mlp.fc2",
+        },
+    ),
+}
+GPT_NEOX_TENSORS = {
+    "token_embd": "gpt_neox.embed_in",
+    "output_norm": "gpt_neox.final_layer_norm",
+    "output": "embed_out",
+    **_blocks(
+        "gpt_neox.layers",
+        {
+            "attn_norm": "input_layernorm",
+            "attn_qkv": "attention.query_key_value",
+            "attn_output": "attention.dense",
+            "ffn_norm": "post_attention_layernorm",
+            "ffn_up": "mlp.dense_h_to_4h",
+            "ffn_down": "mlp.dense_4h_to_h",
+        },
+    ),
+}
+PHI3_TENSORS: dict[str, str | None] = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "rope_factors_long": None,  # read into rope_parameters (see _phi3_config)
+    "rope_factors_short": None,
+    **_blocks(
+        "model.layers",
+        {
+            "attn_norm": "input_layernorm",
+            "attn_qkv": "self_attn.qkv_proj",
+            # files with q/k/v apart: joined into qkv_proj on load (PHI3_JOINS)
+            "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj",
+            "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj",
+            "ffn_norm": "post_attention_layernorm",
+            "ffn_up": "mlp.gate_up_proj",  # [gate; up] rows in both llama.cpp and upstream
+            "ffn_down": "mlp.down_proj",
+        },
+    ),
+}
+PHI3_JOINS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}
+STARCODER2_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    **_blocks(
+        "model.layers",
+        {
+            "attn_norm": "input_layernorm",
+            "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj",
+            "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj",
+            "ffn_norm": "post_attention_layernorm",
+            "ffn_up": "mlp.c_fc",
+            "ffn_down": "mlp.c_proj",
+        },
+    ),
+}
+
+GEMMA4_TENSORS: dict[str, str | None] = {
+    **GEMMA3_TENSORS,
+    "rope_freqs": None,  # the global layers' proportional rope (see _gemma4_config)
+    "per_layer_token_embd": "model.embed_tokens_per_layer",
+    "per_layer_model_proj": "model.per_layer_model_projection",
+    "per_layer_proj_norm": "model.per_layer_projection_norm",
+    **_blocks(
+        "model.layers",
+        {
+            "inp_gate": "per_layer_input_gate",
+            "proj": "per_layer_projection",
+            "post_norm": "post_per_layer_input_norm",
+            "layer_output_scale": "layer_scalar=",  # a buffer: no .weight
+        },
+    ),
+}
+
+
+OLMO2_TENSORS = {
+    **{name: LLAMA_TENSORS[name] for name in ("token_embd", "output_norm", "output")},
+    **_blocks(
+        "model.layers",
+        {
+            **{stem: _LLAMA_BLOCK[stem] for stem in _LLAMA_BLOCK if stem not in ("attn_norm", "ffn_norm")},
+            **_QK_NORMS,
+            "post_attention_norm": "post_attention_layernorm",
+            "post_ffw_norm": "post_feedforward_layernorm",
+        },
+    ),
+}
+SEED_OSS_TENSORS = {**LLAMA_TENSORS, **_blocks("model.layers", {"post_attention_norm": "post_attention_layernorm"})}
+del SEED_OSS_TENSORS["blk.ffn_norm"]  # its one post-attention norm is llama.cpp's post_attention_norm
+
+OLMO_TENSORS = {name: ours for name, ours in LLAMA_TENSORS.items() if not name.endswith("norm")}
+
+
+COMMAND_R_TENSORS = {
+    **{name: LLAMA_TENSORS[name] for name in ("token_embd", "output_norm")},
+    **_blocks(
+        "model.layers", {**{stem: _LLAMA_BLOCK[stem] for stem in _LLAMA_BLOCK if stem != "ffn_norm"}, **_QK_NORMS}
+    ),
+}
+COHERE2_TENSORS = {
+    name: ours for name, ours in COMMAND_R_TENSORS.items() if name not in ("blk.attn_q_norm", "blk.attn_k_norm")
+}
+NEMOTRON_TENSORS = {
+    **{name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"},
+    **_blocks("model.layers", {"ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}),
+}
