@@ -20,6 +20,8 @@ from parameterized import parameterized
 from safetensors.torch import load_file
 from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend, EagerAndRecordGraphs
+from transformers.models.deepseek_v2 import modeling_deepseek_v2 as upstream_deepseek_v2
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as upstream_deepseek_v3
 from transformers.models.gpt_oss import modeling_gpt_oss as upstream_gpt_oss
 from transformers.models.mixtral import modeling_mixtral as upstream_mixtral
 
@@ -232,6 +234,73 @@ def test_softmax_top_k_normalises_on_request() -> None:
     assert index.tolist() == [[3, 2]] and weights.sum().item() < 0.99
     weights, _ = moe_utils.softmax_top_k(logits, 2, normalize=True)
     torch.testing.assert_close(weights.sum(), torch.tensor(1.0))
+
+
+def _upstream_router(kind: str, n_group: int, topk_group: int, normalize: bool) -> nn.Module:
+    """Upstream's DeepSeek-V3 (sigmoid, corrected, top-2-sum groups) or V2 (softmax, max groups) router with random
+    weights and, for V3, a random correction bias."""
+    shared = dict(
+        hidden_size=16,
+        num_attention_heads=2,
+        n_routed_experts=12,
+        num_experts_per_tok=3,
+        n_group=n_group,
+        topk_group=topk_group,
+    )
+    shared.update(norm_topk_prob=normalize, routed_scaling_factor=2.5)
+    if kind == "v3":
+        router = upstream_deepseek_v3.DeepseekV3TopkRouter(transformers.DeepseekV3Config(**shared))
+        router.e_score_correction_bias.normal_(std=0.3)
+    else:
+        config = transformers.DeepseekV2Config(**shared, topk_method="group_limited_greedy")
+        router = upstream_deepseek_v2.DeepseekV2Moe(config).gate
+    router.weight.data.normal_()
+    return router
+
+
+# DeepSeek-V2's router never renormalises (norm_topk_prob is V3's field)
+GROUPINGS = [("v3", 4, 2, True), ("v3", 3, 1, False), ("v3", 1, 1, True), ("v2", 4, 2, False), ("v2", 3, 1, False)]
+
+
+@pytest.mark.parametrize("kind,n_group,topk_group,normalize", GROUPINGS)
+def test_grouped_top_k_chooses_upstream_s_experts_and_weights(
+    kind: str, n_group: int, topk_group: int, normalize: bool
+) -> None:
+    torch.manual_seed(n_group + topk_group)
+    router = _upstream_router(kind, n_group, topk_group, normalize)
+    hidden = torch.randn(40, 16)
+    logits, expected_weights, expected_index = router(hidden)
+    if kind == "v3":
+        scores, bias, group_score = logits.sigmoid(), router.e_score_correction_bias, "top2_sum"
+    else:
+        scores, bias, group_score = logits.softmax(-1), None, "max"
+    weights, index = moe_utils.grouped_top_k(
+        scores,
+        3,
+        n_group=n_group,
+        topk_group=topk_group,
+        group_score=group_score,
+        correction_bias=bias,
+        normalize=normalize,
+        scaling=2.5,
+    )
+    order = expected_index.argsort(-1)  # upstream's top-k is unsorted
+    mine = index.argsort(-1)
+    assert torch.equal(index.gather(1, mine), expected_index.gather(1, order))
+    torch.testing.assert_close(weights.gather(1, mine), expected_weights.gather(1, order), atol=1e-6, rtol=0)
+    if topk_group < n_group:  # the group limit bites: without it, some token picks another expert
+        _, free = moe_utils.grouped_top_k(scores, 3, correction_bias=bias)
+        assert not torch.equal(free.sort(-1).values, index.sort(-1).values)
+
+
+def test_grouped_top_k_refuses_groups_that_cannot_hold_top_k() -> None:
+    scores = torch.rand(2, 8)
+    with pytest.raises(ValueError, match="n_group must divide the experts"):
+        moe_utils.grouped_top_k(scores, 2, n_group=3, topk_group=1)
+    with pytest.raises(ValueError, match=r"num_experts_per_tok \(5\) exceeds the 4 experts"):
+        moe_utils.grouped_top_k(scores, 5, n_group=4, topk_group=2)
+    with pytest.raises(ValueError, match="group_score must be"):
+        moe_utils.grouped_top_k(scores, 2, n_group=4, topk_group=2, group_score="mean")
 
 
 @pytest.fixture(scope="module")

@@ -306,3 +306,49 @@ def softmax_top_k(router_logits: torch.Tensor, top_k: int, normalize: bool) -> t
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, index
+
+
+def grouped_top_k(
+    scores: torch.Tensor,
+    top_k: int,
+    *,
+    n_group: int = 1,
+    topk_group: int = 1,
+    group_score: str = "top2_sum",
+    correction_bias: torch.Tensor | None = None,
+    normalize: bool = False,
+    scaling: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's choice (V2's `group_limited_greedy`, V3's `noaux_tc`, and GLM-4.5, dots1, EXAONE-MoE, ... which
+    copy V3's): `scores` `[tokens, num_experts]` (float32 sigmoid or softmax of the router logits), experts split
+    into `n_group` equal groups, each group scored by its best expert (`"max"`, V2) or the sum of its best two
+    (`"top2_sum"`, V3) of `scores + correction_bias`, the best `topk_group` groups kept, and the `top_k` best
+    experts of those chosen by the same biased scores. Returns their unbiased scores `[tokens, top_k]` (divided by
+    their sum plus 1e-20 when `normalize`, then times `scaling`) and their experts. Fixed shapes: a group is
+    dropped by masking, never by indexing."""
+    tokens, num_experts = scores.shape
+    if num_experts % n_group or not 1 <= topk_group <= n_group:
+        raise ValueError(
+            f"{num_experts} experts cannot be split into n_group={n_group} groups of which topk_group={topk_group}"
+            " are kept: n_group must divide the experts and topk_group be between 1 and n_group"
+        )
+    if top_k > topk_group * (num_experts // n_group):
+        raise ValueError(
+            f"num_experts_per_tok ({top_k}) exceeds the {topk_group * (num_experts // n_group)} experts that"
+            f" topk_group={topk_group} of n_group={n_group} groups hold"
+        )
+    if group_score not in ("top2_sum", "max"):
+        raise ValueError(f"group_score must be 'top2_sum' or 'max', not {group_score!r}")
+    choice = scores if correction_bias is None else scores + correction_bias.float()  # [tokens, num_experts]
+    if topk_group < n_group:
+        grouped = choice.view(tokens, n_group, num_experts // n_group)
+        best = (
+            grouped.amax(-1) if group_score == "max" else grouped.topk(2, dim=-1).values.sum(-1)
+        )  # [tokens, n_group]
+        kept = torch.zeros_like(best, dtype=torch.bool).scatter(1, best.topk(topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~kept.repeat_interleave(num_experts // n_group, dim=1), float("-inf"))
+    index = choice.topk(top_k, dim=-1).indices  # [tokens, top_k]
+    weights = scores.gather(1, index)
+    if normalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling, index
