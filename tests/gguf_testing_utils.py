@@ -44,6 +44,7 @@ ARCHES = {
     "command-r": gguf.MODEL_ARCH.COMMAND_R,
     "cohere2": gguf.MODEL_ARCH.COHERE2,
     "nemotron": gguf.MODEL_ARCH.NEMOTRON,
+    "stablelm": gguf.MODEL_ARCH.STABLELM,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.
@@ -103,11 +104,29 @@ def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np
     return value
 
 
+def _stack_per_head_norms(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """llama.cpp's StableLM converter: each layer's `q_layernorm.norms.<head>.weight` (and k's) stacked in head order
+    into one `q_layernorm.weight` `[heads, head_dim]`."""
+    out, stacks = {}, {}
+    for name, value in tensors.items():
+        stem, marker, rest = name.partition("_layernorm.norms.")
+        if not marker:
+            out[name] = value
+            continue
+        stacks.setdefault(f"{stem}_layernorm.weight", {})[int(rest.split(".")[0])] = value
+    for name, rows in stacks.items():
+        out[name] = np.stack([rows[head] for head in range(len(rows))])
+    return out
+
+
 def gguf_tensors(arch: str, checkpoint_dir: str, config: Any) -> dict[str, np.ndarray]:
     """`{gguf name: float32 array}` of a saved upstream checkpoint, named by the gguf package's name map."""
     name_map = gguf.get_tensor_name_map(ARCHES[arch], config.num_hidden_layers)
     out = {}
-    for name, value in checkpoint_tensors(checkpoint_dir).items():
+    tensors = checkpoint_tensors(checkpoint_dir)
+    if arch == "stablelm":
+        tensors = _stack_per_head_norms(tensors)
+    for name, value in tensors.items():
         value = llama_cpp_tensor(arch, name, value, config)
         if value is None:
             continue

@@ -179,6 +179,16 @@ def _text_model_metadata(c: Any) -> dict[str, Any]:
     return metadata
 
 
+def _stablelm_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's StableLM converter: LayerNorm keys, the rotated dims and the residual flag; no rope base."""
+    return {
+        **_layer_norm_metadata(c, c.intermediate_size, c.max_position_embeddings),
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_rope_dimension_count": _rotary_dims(c),
+        "add_parallel_residual": c.use_parallel_residual,
+    }
+
+
 def _olmo2_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's OLMo 2 / 3 converter: an OLMo 3 config adds its window and per-layer sliding flags."""
     metadata = _text_model_metadata(c)
@@ -340,6 +350,22 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
             "add_parallel_residual": c.use_parallel_residual,
         },
         False,  # upstream refuses GGUF GPT-NeoX
+    ),
+    # StableLM 2 1.6B's layout: q/k/v biases, a quarter of each head rotated, LayerNorm blocks
+    "stablelm": (
+        "stablelm",
+        transformers.StableLmForCausalLM,
+        dict(LLAMA, use_qkv_bias=True),
+        _stablelm_metadata,
+        True,
+    ),
+    # StableLM 2 12B's: per-head q/k LayerNorms, a parallel residual (no ffn_norm), half of each head rotated
+    "stablelm_12b": (
+        "stablelm",
+        transformers.StableLmForCausalLM,
+        dict(LLAMA, qk_layernorm=True, use_parallel_residual=True, partial_rotary_factor=0.5),
+        _stablelm_metadata,
+        False,  # upstream ignores rope.dimension_count and cannot place the stacked per-head norms
     ),
     # head_dim 128 (not hidden_size / heads): upstream ignores attention.key_length and takes Qwen3Config's 128
     "qwen3": ("qwen3", transformers.Qwen3ForCausalLM, dict(LLAMA, head_dim=128), _qwen3_metadata, True),
@@ -813,6 +839,7 @@ class GGUFErrorTest(TmpDirTestCase):
             ("command_r", {"blk.0.attn_q_norm.weight": np.ones(16, np.float32)}, {}, "64 layers"),
             ("seed_oss", {"blk.0.attn_output.bias": np.ones(64, np.float32)}, {}, "attn_output bias"),
             ("olmo", {}, {"add_layer_norm_eps": 1e-6}, "LayerNorm epsilon is 1e-05"),
+            ("stablelm", {}, {"add_parallel_residual": True}, "use_parallel_residual is True but the blocks have"),
         ):
             with self.subTest(case=case, message=message):
                 arch, _, _, metadata, _ = CASES[case]

@@ -339,6 +339,13 @@ def _nemotron(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, An
     return {stem: tensor - 1 if stem.endswith("norm") and suffix == "weight" else tensor}
 
 
+def _stablelm(stem: str, suffix: str, tensor: torch.Tensor, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """llama.cpp stacks StableLM's per-head q/k LayerNorm weights into `[heads, head_dim]`; ours are one per head."""
+    if stem not in ("blk.attn_q_norm", "blk.attn_k_norm"):
+        return {stem: tensor}
+    return {f"{stem}.{head}": row for head, row in enumerate(tensor)}
+
+
 # Files of the other architectures keep upstream's layout (llama.cpp rotates their heads as upstream does).
 TENSOR_PROCESSORS: dict[str, Callable[[str, str, torch.Tensor, dict[str, Any]], dict[str, torch.Tensor]]] = {
     "llama": _llama,
@@ -354,6 +361,7 @@ TENSOR_PROCESSORS: dict[str, Callable[[str, str, torch.Tensor, dict[str, Any]], 
     "olmo": _llama,
     "granite": _llama,
     "nemotron": _nemotron,
+    "stablelm": _stablelm,
 }
 
 

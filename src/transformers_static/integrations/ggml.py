@@ -34,6 +34,7 @@ from .ggml_tensors import (
     QWEN3_TENSORS,
     SEED_OSS_TENSORS,
     STARCODER2_TENSORS,
+    stablelm_tensors,
 )
 
 
@@ -274,6 +275,28 @@ def _gpt_neox_config(md: GGUFMetadata) -> dict[str, Any]:
         **_partial_rotary(md),
         "use_parallel_residual": bool(md.get("use_parallel_residual", True)),
         "attention_bias": md.has_tensor("blk.0.attn_qkv.bias"),
+    }
+
+
+def _stablelm_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's StableLM: LayerNorm blocks (biases included) rotating `rope.dimension_count` dims of each head in
+    halves (the converter leaves q/k as they are), q/k/v biases when the file has them, per-head q/k LayerNorms
+    when it has them (StableLM 2 12B), and a parallel residual exactly when the blocks have no `ffn_norm`: llama.cpp
+    reads the tensors, not `use_parallel_residual`, so a file whose flag disagrees is refused."""
+    parallel = not md.has_tensor("blk.0.ffn_norm.weight")
+    stated = md.get("use_parallel_residual", parallel)
+    if bool(stated) != parallel:
+        raise ValueError(
+            f"{md.path}: use_parallel_residual is {bool(stated)} but the blocks {'lack' if parallel else 'have'} "
+            "ffn_norm; llama.cpp's StableLM graph follows the tensors"
+        )
+    config = _partial_rotary(md)
+    return {
+        **config,
+        "num_key_value_heads": md.get("attention.head_count_kv", config["num_attention_heads"]),
+        "use_qkv_bias": md.has_tensor("blk.0.attn_q.bias"),
+        "qk_layernorm": md.has_tensor("blk.0.attn_q_norm.weight"),
+        "use_parallel_residual": parallel,
     }
 
 
@@ -662,6 +685,7 @@ GGUF_ARCHITECTURES = {
     "command-r": GGUFArchitecture("cohere", _command_r_config, lambda config: COMMAND_R_TENSORS),
     "cohere2": GGUFArchitecture("cohere2", _cohere2_config, lambda config: COHERE2_TENSORS),
     "nemotron": GGUFArchitecture("nemotron", _nemotron_config, lambda config: NEMOTRON_TENSORS),
+    "stablelm": GGUFArchitecture("stablelm", _stablelm_config, stablelm_tensors),
 }
 
 

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def _blocks(prefix: str, names: dict[str, str]) -> dict[str, str]:
     """Per-block names: `{"attn_q": "self_attn.q_proj"}` -> `{"blk.attn_q": "<prefix>.{}.self_attn.q_proj"}`."""
@@ -206,3 +208,14 @@ NEMOTRON_TENSORS = {
     **{name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"},
     **_blocks("model.layers", {"ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}),
 }
+
+
+def stablelm_tensors(config: dict[str, Any]) -> dict[str, str]:
+    """StableLM names its modules as Llama; llama.cpp stacks the per-head q/k LayerNorm weights (`norms.<head>`) into
+    one `[heads, head_dim]` tensor, which the undoer splits into rows named `<stem>.<head>`."""
+    table = dict(LLAMA_TENSORS)
+    for kind, heads in (("q", config["num_attention_heads"]), ("k", config["num_key_value_heads"])):
+        table[f"blk.attn_{kind}_norm"] = f"model.layers.{{}}.self_attn.{kind}_layernorm"
+        for head in range(heads):
+            table[f"blk.attn_{kind}_norm.{head}"] = f"model.layers.{{}}.self_attn.{kind}_layernorm.norms.{head}"
+    return table
