@@ -45,6 +45,7 @@ ARCHES = {
     "cohere2": gguf.MODEL_ARCH.COHERE2,
     "nemotron": gguf.MODEL_ARCH.NEMOTRON,
     "stablelm": gguf.MODEL_ARCH.STABLELM,
+    "starcoder": gguf.MODEL_ARCH.STARCODER,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.

@@ -179,6 +179,14 @@ def _text_model_metadata(c: Any) -> dict[str, Any]:
     return metadata
 
 
+def _starcoder_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's StarCoder converter's keys. It writes one key/value head and an MLP width of 4 * n_embd whatever
+    the config says, so llama.cpp runs only files whose widths are those; these state the real ones, as such a
+    file (or a fixed converter's) does."""
+    ffn = c.n_inner or 4 * c.n_embd
+    return {**_layer_norm_metadata(c, ffn, c.n_positions), "add_head_count_kv": 1 if c.multi_query else c.n_head}
+
+
 def _stablelm_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's StableLM converter: LayerNorm keys, the rotated dims and the residual flag; no rope base."""
     return {
@@ -350,6 +358,21 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
             "add_parallel_residual": c.use_parallel_residual,
         },
         False,  # upstream refuses GGUF GPT-NeoX
+    ),
+    # multi-query (one key/value head), an MLP width other than 4 * n_embd, untied head
+    "starcoder": (
+        "starcoder",
+        transformers.GPTBigCodeForCausalLM,
+        dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64, tie_word_embeddings=False),
+        _starcoder_metadata,
+        False,  # upstream: no GGUF StarCoder
+    ),
+    "starcoder_multi_head": (
+        "starcoder",
+        transformers.GPTBigCodeForCausalLM,
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, multi_query=False),
+        _starcoder_metadata,
+        False,
     ),
     # StableLM 2 1.6B's layout: q/k/v biases, a quarter of each head rotated, LayerNorm blocks
     "stablelm": (
@@ -840,6 +863,7 @@ class GGUFErrorTest(TmpDirTestCase):
             ("seed_oss", {"blk.0.attn_output.bias": np.ones(64, np.float32)}, {}, "attn_output bias"),
             ("olmo", {}, {"add_layer_norm_eps": 1e-6}, "LayerNorm epsilon is 1e-05"),
             ("stablelm", {}, {"add_parallel_residual": True}, "use_parallel_residual is True but the blocks have"),
+            ("starcoder", {}, {"add_head_count_kv": 2}, "one key/value head \\(multi-query\\) or one per head"),
         ):
             with self.subTest(case=case, message=message):
                 arch, _, _, metadata, _ = CASES[case]

@@ -206,6 +206,26 @@ def _gpt2_config(md: GGUFMetadata) -> dict[str, Any]:
     }
 
 
+def _starcoder_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's StarCoder (GPT-BigCode): GPT-2's blocks with plain linear weights (the converter leaves them as
+    they are), learned positions, tanh GELU, scores scaled by 1/sqrt(head_dim), and fused q/k/v rows: multi-query
+    (all query heads, one key head, one value head) when the file states one key/value head. GPT-BigCode has no
+    grouped heads, so any other count than 1 or every head is refused."""
+    heads = md["attention.head_count"]
+    kv_heads = md.get("attention.head_count_kv", heads)
+    if kv_heads not in (1, heads):
+        raise ValueError(
+            f"{md.path}: a StarCoder file has one key/value head (multi-query) or one per head ({heads}); it states "
+            f"{kv_heads}"
+        )
+    return {
+        **_gpt2_config(md),
+        "multi_query": kv_heads == 1,
+        "activation_function": "gelu_pytorch_tanh",
+        "scale_attn_weights": True,
+    }
+
+
 def _falcon_config(md: GGUFMetadata) -> dict[str, Any]:
     """llama.cpp runs Falcon with rotary positions and parallel attention. A second attention norm per block
     (`attn_norm_2`, Falcon-40B's `ln_attn`) marks the new decoder architecture with grouped key/value heads;
@@ -686,6 +706,7 @@ GGUF_ARCHITECTURES = {
     "cohere2": GGUFArchitecture("cohere2", _cohere2_config, lambda config: COHERE2_TENSORS),
     "nemotron": GGUFArchitecture("nemotron", _nemotron_config, lambda config: NEMOTRON_TENSORS),
     "stablelm": GGUFArchitecture("stablelm", _stablelm_config, stablelm_tensors),
+    "starcoder": GGUFArchitecture("gpt_bigcode", _starcoder_config, lambda config: GPT2_TENSORS),
 }
 
 
