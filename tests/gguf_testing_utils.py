@@ -46,6 +46,8 @@ ARCHES = {
     "nemotron": gguf.MODEL_ARCH.NEMOTRON,
     "stablelm": gguf.MODEL_ARCH.STABLELM,
     "starcoder": gguf.MODEL_ARCH.STARCODER,
+    "arcee": gguf.MODEL_ARCH.ARCEE,
+    "smollm3": gguf.MODEL_ARCH.SMOLLM3,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.
@@ -83,7 +85,9 @@ def _falcon_groups_to_blocks(weights: np.ndarray, heads: int, kv_heads: int) -> 
 
 def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np.ndarray | None:
     """One checkpoint tensor as llama.cpp's converter stores it (None: dropped)."""
-    if arch in ("llama", "olmo", "granite") and (".q_proj." in name or ".k_proj." in name):  # LlamaModel.permute
+    if arch in ("llama", "olmo", "granite", "arcee", "smollm3") and (
+        ".q_proj." in name or ".k_proj." in name
+    ):  # LlamaModel.permute
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
         return _permute(value, heads)
     if arch in ("gemma", "gemma2", "gemma3"):

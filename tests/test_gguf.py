@@ -359,6 +359,16 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         },
         False,  # upstream refuses GGUF GPT-NeoX
     ),
+    # ReLU² without a gate, Llama's q/k permute
+    "arcee": ("arcee", transformers.ArceeForCausalLM, LLAMA, llama_metadata, False),  # upstream: no GGUF Arcee
+    # 5 layers: the fourth is NoPE
+    "smollm3": (
+        "smollm3",
+        transformers.SmolLM3ForCausalLM,
+        dict(LLAMA, num_hidden_layers=5, pad_token_id=0),  # upstream's default pad id lies outside this vocabulary
+        llama_metadata,
+        False,  # upstream: no GGUF SmolLM3
+    ),
     # multi-query (one key/value head), an MLP width other than 4 * n_embd, untied head
     "starcoder": (
         "starcoder",

@@ -362,6 +362,8 @@ TENSOR_PROCESSORS: dict[str, Callable[[str, str, torch.Tensor, dict[str, Any]], 
     "granite": _llama,
     "nemotron": _nemotron,
     "stablelm": _stablelm,
+    "arcee": _llama,
+    "smollm3": _llama,
 }
 
 

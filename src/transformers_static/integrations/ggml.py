@@ -14,6 +14,7 @@ from typing import Any
 
 from .ggml_metadata import REQUIRED, GGUFMetadata
 from .ggml_tensors import (
+    ARCEE_TENSORS,
     BLOOM_TENSORS,
     COHERE2_TENSORS,
     COMMAND_R_TENSORS,
@@ -116,6 +117,17 @@ def _llama_config(md: GGUFMetadata) -> dict[str, Any]:
         "attention_bias": md.has_tensor("blk.0.attn_q.bias"),
         "mlp_bias": md.has_tensor("blk.0.ffn_up.bias"),
     }
+
+
+def _arcee_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Arcee (AFM): Llama's blocks (q/k rows permuted by the converter) with a gate-free ReLU² MLP."""
+    return {**_llama_config(md), "hidden_act": "relu2"}
+
+
+def _smollm3_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's SmolLM3: Llama's blocks with every fourth layer NoPE (no rotary positions); llama.cpp fixes that
+    step at 4 and has no sliding window for it, whatever the checkpoint said."""
+    return {**_llama_config(md), "no_rope_layer_interval": 4, "use_sliding_window": False}
 
 
 def _mistral_config(md: GGUFMetadata) -> dict[str, Any]:
@@ -707,6 +719,8 @@ GGUF_ARCHITECTURES = {
     "nemotron": GGUFArchitecture("nemotron", _nemotron_config, lambda config: NEMOTRON_TENSORS),
     "stablelm": GGUFArchitecture("stablelm", _stablelm_config, stablelm_tensors),
     "starcoder": GGUFArchitecture("gpt_bigcode", _starcoder_config, lambda config: GPT2_TENSORS),
+    "arcee": GGUFArchitecture("arcee", _arcee_config, lambda config: ARCEE_TENSORS),
+    "smollm3": GGUFArchitecture("smollm3", _smollm3_config, lambda config: LLAMA_TENSORS),
 }
 
 

@@ -209,6 +209,8 @@ NEMOTRON_TENSORS = {
     **_blocks("model.layers", {"ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}),
 }
 
+ARCEE_TENSORS = {name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"}  # gate-free MLP
+
 
 def stablelm_tensors(config: dict[str, Any]) -> dict[str, str]:
     """StableLM names its modules as Llama; llama.cpp stacks the per-head q/k LayerNorm weights (`norms.<head>`) into
