@@ -187,6 +187,15 @@ def _starcoder_metadata(c: Any) -> dict[str, Any]:
     return {**_layer_norm_metadata(c, ffn, c.n_positions), "add_head_count_kv": 1 if c.multi_query else c.n_head}
 
 
+def _exaone4_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's EXAONE 4 converter: the text-model keys, with the window and per-layer sliding flags when set."""
+    metadata = _text_model_metadata(c)
+    if c.sliding_window is not None:
+        pattern = [t == "sliding_attention" for t in c.layer_types]
+        metadata.update(add_sliding_window=c.sliding_window, add_sliding_window_pattern=pattern)
+    return metadata
+
+
 def _stablelm_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's StableLM converter: LayerNorm keys, the rotated dims and the residual flag; no rope base."""
     return {
@@ -358,6 +367,23 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
             "add_parallel_residual": c.use_parallel_residual,
         },
         False,  # upstream refuses GGUF GPT-NeoX
+    ),
+    # EXAONE 4.0 1.2B's layout: post-norms only, q/k norms, rope everywhere
+    "exaone4": (
+        "exaone4",
+        transformers.Exaone4ForCausalLM,
+        # upstream derives layer_types from the pattern by `% 0` without a window: listed here
+        dict(LLAMA, head_dim=16, sliding_window=None, layer_types=["full_attention"] * 2),
+        _exaone4_metadata,
+        False,  # upstream: no GGUF EXAONE 4
+    ),
+    # 32B's: 64 layers, three sliding (window 3, rotated) then one full (NoPE)
+    "exaone4_32b": (
+        "exaone4",
+        transformers.Exaone4ForCausalLM,
+        dict(LLAMA, hidden_size=32, intermediate_size=32, num_hidden_layers=64, head_dim=16, sliding_window=3),
+        _exaone4_metadata,
+        False,
     ),
     # ReLU² without a gate, Llama's q/k permute
     "arcee": ("arcee", transformers.ArceeForCausalLM, LLAMA, llama_metadata, False),  # upstream: no GGUF Arcee
@@ -873,6 +899,7 @@ class GGUFErrorTest(TmpDirTestCase):
             ("seed_oss", {"blk.0.attn_output.bias": np.ones(64, np.float32)}, {}, "attn_output bias"),
             ("olmo", {}, {"add_layer_norm_eps": 1e-6}, "LayerNorm epsilon is 1e-05"),
             ("stablelm", {}, {"add_parallel_residual": True}, "use_parallel_residual is True but the blocks have"),
+            ("exaone4_32b", {}, {"add_rope_freq_base_swa": 1e3}, "EXAONE 4 has one rope base"),
             ("starcoder", {}, {"add_head_count_kv": 2}, "one key/value head \\(multi-query\\) or one per head"),
         ):
             with self.subTest(case=case, message=message):

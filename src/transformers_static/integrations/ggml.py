@@ -18,6 +18,7 @@ from .ggml_tensors import (
     BLOOM_TENSORS,
     COHERE2_TENSORS,
     COMMAND_R_TENSORS,
+    EXAONE4_TENSORS,
     FALCON_NEW_DECODER_TENSORS,
     FALCON_TENSORS,
     GEMMA2_TENSORS,
@@ -549,6 +550,28 @@ def _olmo2_model_type(md: GGUFMetadata) -> str:
     return "olmo3" if md.get("attention.sliding_window", 0) else "olmo2"
 
 
+EXAONE4_SWA_LAYERS = 64  # llama.cpp gives sliding layers to 64-layer files (EXAONE 4.0 32B) only
+
+
+def _exaone4_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's EXAONE 4: RMSNorms after attention and MLP (none before), per-head q/k RMSNorms, rotate-half
+    rope. Only a 64-layer file has sliding layers (`attention.sliding_window`, default 4096, by `_swa_layer_types`
+    with period 4), and then only they rotate (the full layers are NoPE, as upstream's hybrid); every other file
+    runs full attention with rope on every layer whatever window it states, as llama.cpp runs it. A sliding rope
+    base other than the full one is refused (EXAONE 4 has one rope)."""
+    config = {**_rotary_decoder(md), "sliding_window": None, "sliding_window_pattern": None}
+    if md["block_count"] != EXAONE4_SWA_LAYERS:
+        return config
+    base = config["rope_parameters"]["rope_theta"]
+    if float(md.get("rope.freq_base_swa", base)) != base:
+        raise ValueError(f"{md.path}: EXAONE 4 has one rope base; rope.freq_base_swa differs from rope.freq_base")
+    return {
+        **config,
+        "sliding_window": md.get("attention.sliding_window", 4096),
+        "layer_types": _swa_layer_types(md, EXAONE4_SWA_LAYERS, 4),
+    }
+
+
 def _seed_oss_config(md: GGUFMetadata) -> dict[str, Any]:
     """llama.cpp's Seed-OSS: Llama's blocks (rotate-half rope, q/k/v biases when the file has them) with the head dim
     from `attention.key_length`; its graph has no output-projection bias, so a file with one is refused."""
@@ -721,6 +744,7 @@ GGUF_ARCHITECTURES = {
     "starcoder": GGUFArchitecture("gpt_bigcode", _starcoder_config, lambda config: GPT2_TENSORS),
     "arcee": GGUFArchitecture("arcee", _arcee_config, lambda config: ARCEE_TENSORS),
     "smollm3": GGUFArchitecture("smollm3", _smollm3_config, lambda config: LLAMA_TENSORS),
+    "exaone4": GGUFArchitecture("exaone4", _exaone4_config, lambda config: EXAONE4_TENSORS),
 }
 
 

@@ -211,6 +211,14 @@ NEMOTRON_TENSORS = {
 
 ARCEE_TENSORS = {name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"}  # gate-free MLP
 
+EXAONE4_TENSORS = {
+    **{name: ours for name, ours in QWEN3_TENSORS.items() if name not in ("blk.attn_norm", "blk.ffn_norm")},
+    **_blocks(
+        "model.layers",
+        {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+    ),
+}
+
 
 def stablelm_tensors(config: dict[str, Any]) -> dict[str, str]:
     """StableLM names its modules as Llama; llama.cpp stacks the per-head q/k LayerNorm weights (`norms.<head>`) into
