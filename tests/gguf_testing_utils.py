@@ -49,6 +49,7 @@ ARCHES = {
     "arcee": gguf.MODEL_ARCH.ARCEE,
     "smollm3": gguf.MODEL_ARCH.SMOLLM3,
     "exaone4": gguf.MODEL_ARCH.EXAONE4,
+    "hunyuan-dense": gguf.MODEL_ARCH.HUNYUAN_DENSE,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.

@@ -196,6 +196,15 @@ def _exaone4_metadata(c: Any) -> dict[str, Any]:
     return metadata
 
 
+def _hunyuan_dense_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's HunYuan converter: NTK-alpha written as the stretched base, rope scaling none."""
+    rope = c.rope_parameters
+    base = rope["rope_theta"]
+    if rope.get("rope_type") == "dynamic" and rope.get("alpha"):
+        base = base * rope["alpha"] ** (c.head_dim / (c.head_dim - 2))
+    return {**_text_model_metadata(c), "add_rope_freq_base": base, "add_rope_scaling_type": gguf.RopeScalingType.NONE}
+
+
 def _stablelm_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's StableLM converter: LayerNorm keys, the rotated dims and the residual flag; no rope base."""
     return {
@@ -384,6 +393,14 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         dict(LLAMA, hidden_size=32, intermediate_size=32, num_hidden_layers=64, head_dim=16, sliding_window=3),
         _exaone4_metadata,
         False,
+    ),
+    # q/k norms after the rotation; NTK-alpha rope, which the converter folds into the base
+    "hunyuan_dense": (
+        "hunyuan-dense",
+        transformers.HunYuanDenseV1ForCausalLM,
+        dict(LLAMA, head_dim=16, rope_scaling={"type": "dynamic", "alpha": 50.0, "factor": 1.0}),
+        _hunyuan_dense_metadata,
+        False,  # upstream: no GGUF HunYuan
     ),
     # ReLU² without a gate, Llama's q/k permute
     "arcee": ("arcee", transformers.ArceeForCausalLM, LLAMA, llama_metadata, False),  # upstream: no GGUF Arcee
@@ -900,6 +917,7 @@ class GGUFErrorTest(TmpDirTestCase):
             ("olmo", {}, {"add_layer_norm_eps": 1e-6}, "LayerNorm epsilon is 1e-05"),
             ("stablelm", {}, {"add_parallel_residual": True}, "use_parallel_residual is True but the blocks have"),
             ("exaone4_32b", {}, {"add_rope_freq_base_swa": 1e3}, "EXAONE 4 has one rope base"),
+            ("hunyuan_dense", {"blk.0.attn_q.bias": np.ones(64, np.float32)}, {}, "no attention biases"),
             ("starcoder", {}, {"add_head_count_kv": 2}, "one key/value head \\(multi-query\\) or one per head"),
         ):
             with self.subTest(case=case, message=message):

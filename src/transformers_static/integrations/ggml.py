@@ -26,6 +26,7 @@ from .ggml_tensors import (
     GEMMA4_TENSORS,
     GPT2_TENSORS,
     GPT_NEOX_TENSORS,
+    HUNYUAN_TENSORS,
     LLAMA_TENSORS,
     NEMOTRON_TENSORS,
     OLMO2_TENSORS,
@@ -572,6 +573,19 @@ def _exaone4_config(md: GGUFMetadata) -> dict[str, Any]:
     }
 
 
+def _hunyuan_dense_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's HunYuan dense: Llama's blocks with rotate-half rope and per-head q/k RMSNorms after the rotation.
+    The converter folds NTK-alpha into `rope.freq_base` (base * alpha ** (d / (d - 2)), scaling none), which is the
+    default rope at that base. llama.cpp's graph has no output-projection bias, which HunYuan's `attention_bias`
+    would need beside q/k/v's: a file with attention biases is refused."""
+    biased = [name for name in ("attn_q", "attn_output") if md.has_tensor(f"blk.0.{name}.bias")]
+    if biased:
+        raise ValueError(f"{md.path}: llama.cpp's HunYuan dense has no attention biases; the file has {biased}")
+    if md.get("rope.dimension_sections") is not None or md.get("expert_count", 0) > 1:
+        raise ValueError(f"{md.path}: a HunYuan dense file with rope sections or experts is not a dense text model")
+    return {**_rotary_decoder(md), "attention_bias": False}
+
+
 def _seed_oss_config(md: GGUFMetadata) -> dict[str, Any]:
     """llama.cpp's Seed-OSS: Llama's blocks (rotate-half rope, q/k/v biases when the file has them) with the head dim
     from `attention.key_length`; its graph has no output-projection bias, so a file with one is refused."""
@@ -745,6 +759,7 @@ GGUF_ARCHITECTURES = {
     "arcee": GGUFArchitecture("arcee", _arcee_config, lambda config: ARCEE_TENSORS),
     "smollm3": GGUFArchitecture("smollm3", _smollm3_config, lambda config: LLAMA_TENSORS),
     "exaone4": GGUFArchitecture("exaone4", _exaone4_config, lambda config: EXAONE4_TENSORS),
+    "hunyuan-dense": GGUFArchitecture("hunyuan_v1_dense", _hunyuan_dense_config, lambda config: HUNYUAN_TENSORS),
 }
 
 

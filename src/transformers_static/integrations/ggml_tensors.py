@@ -219,6 +219,11 @@ EXAONE4_TENSORS = {
     ),
 }
 
+HUNYUAN_TENSORS = {
+    **LLAMA_TENSORS,
+    **_blocks("model.layers", {"attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"}),
+}
+
 
 def stablelm_tensors(config: dict[str, Any]) -> dict[str, str]:
     """StableLM names its modules as Llama; llama.cpp stacks the per-head q/k LayerNorm weights (`norms.<head>`) into
