@@ -50,6 +50,7 @@ ARCHES = {
     "smollm3": gguf.MODEL_ARCH.SMOLLM3,
     "exaone4": gguf.MODEL_ARCH.EXAONE4,
     "hunyuan-dense": gguf.MODEL_ARCH.HUNYUAN_DENSE,
+    "glm4": gguf.MODEL_ARCH.GLM4,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.

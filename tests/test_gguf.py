@@ -205,6 +205,12 @@ def _hunyuan_dense_metadata(c: Any) -> dict[str, Any]:
     return {**_text_model_metadata(c), "add_rope_freq_base": base, "add_rope_scaling_type": gguf.RopeScalingType.NONE}
 
 
+def _glm4_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's GLM-4 converter: the text-model keys and the rotated dims."""
+    rotated = int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 0.5))
+    return {**_text_model_metadata(c), "add_rope_dimension_count": rotated}
+
+
 def _stablelm_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's StableLM converter: LayerNorm keys, the rotated dims and the residual flag; no rope base."""
     return {
@@ -393,6 +399,14 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         dict(LLAMA, hidden_size=32, intermediate_size=32, num_hidden_layers=64, head_dim=16, sliding_window=3),
         _exaone4_metadata,
         False,
+    ),
+    # four norms per block, fused gate/up, interleaved rope on half of each head, q/k/v biases
+    "glm4": (
+        "glm4",
+        transformers.Glm4ForCausalLM,
+        dict(LLAMA, head_dim=16, attention_bias=True, pad_token_id=0),
+        _glm4_metadata,
+        False,  # upstream: no GGUF GLM-4
     ),
     # q/k norms after the rotation; NTK-alpha rope, which the converter folds into the base
     "hunyuan_dense": (
@@ -918,6 +932,8 @@ class GGUFErrorTest(TmpDirTestCase):
             ("stablelm", {}, {"add_parallel_residual": True}, "use_parallel_residual is True but the blocks have"),
             ("exaone4_32b", {}, {"add_rope_freq_base_swa": 1e3}, "EXAONE 4 has one rope base"),
             ("hunyuan_dense", {"blk.0.attn_q.bias": np.ones(64, np.float32)}, {}, "no attention biases"),
+            ("glm4", {}, {"add_rope_dimension_sections": [2, 2, 2, 2]}, "M-RoPE, GLM-4V"),
+            ("glm4", {}, {"add_nextn_predict_layers": 1}, "NextN prediction layers"),
             ("starcoder", {}, {"add_head_count_kv": 2}, "one key/value head \\(multi-query\\) or one per head"),
         ):
             with self.subTest(case=case, message=message):

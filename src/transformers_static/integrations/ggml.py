@@ -24,6 +24,7 @@ from .ggml_tensors import (
     GEMMA2_TENSORS,
     GEMMA3_TENSORS,
     GEMMA4_TENSORS,
+    GLM4_TENSORS,
     GPT2_TENSORS,
     GPT_NEOX_TENSORS,
     HUNYUAN_TENSORS,
@@ -586,6 +587,24 @@ def _hunyuan_dense_config(md: GGUFMetadata) -> dict[str, Any]:
     return {**_rotary_decoder(md), "attention_bias": False}
 
 
+def _glm4_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's GLM-4 (0414): RMSNorms before and after attention and MLP, q/k/v biases when the file has them,
+    the fused gate/up MLP (`ffn_up`, gate rows first), interleaved rope on `rope.dimension_count` dims of each head
+    (q/k as upstream holds them). M-RoPE files (GLM-4V, whose q/k the converter permutes) and files with NextN
+    prediction layers (GLM-OCR) are refused."""
+    if md.get("rope.dimension_sections") is not None:
+        raise ValueError(f"{md.path}: a GLM-4 file with rope.dimension_sections (M-RoPE, GLM-4V) is not supported")
+    if md.get("nextn_predict_layers", 0):
+        raise ValueError(f"{md.path}: GLM-4 NextN prediction layers (nextn_predict_layers) are not supported")
+    head_dim = _head_dim(md)
+    return {
+        **_decoder(md),
+        "head_dim": head_dim,
+        "rope_parameters": _rope_parameters(md, head_dim, partial=True),
+        "attention_bias": md.has_tensor("blk.0.attn_q.bias"),
+    }
+
+
 def _seed_oss_config(md: GGUFMetadata) -> dict[str, Any]:
     """llama.cpp's Seed-OSS: Llama's blocks (rotate-half rope, q/k/v biases when the file has them) with the head dim
     from `attention.key_length`; its graph has no output-projection bias, so a file with one is refused."""
@@ -759,6 +778,7 @@ GGUF_ARCHITECTURES = {
     "arcee": GGUFArchitecture("arcee", _arcee_config, lambda config: ARCEE_TENSORS),
     "smollm3": GGUFArchitecture("smollm3", _smollm3_config, lambda config: LLAMA_TENSORS),
     "exaone4": GGUFArchitecture("exaone4", _exaone4_config, lambda config: EXAONE4_TENSORS),
+    "glm4": GGUFArchitecture("glm4", _glm4_config, lambda config: GLM4_TENSORS),
     "hunyuan-dense": GGUFArchitecture("hunyuan_v1_dense", _hunyuan_dense_config, lambda config: HUNYUAN_TENSORS),
 }
 
