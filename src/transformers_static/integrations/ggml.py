@@ -1,5 +1,7 @@
 """GGUF (llama.cpp) tables: which of our model types each GGUF architecture is, its config rebuilt from the file's
-metadata (`ggml_metadata.GGUFMetadata`), and its tensor names in our state dicts (`ggml_tensors`).
+metadata (`ggml_metadata.GGUFMetadata`), and its tensor names in our state dicts (`ggml_tensors`). The configs of
+the Llama-like RMSNorm families are here; the shared fields are in `ggml_config_utils`, the LayerNorm families in
+`ggml_layer_norm`, Gemma's in `ggml_gemma`.
 
 The metadata is read the way llama.cpp reads it (its defaults where a key is optional), so a model loaded here
 computes what llama.cpp computes from the same file. Values that llama.cpp stores transformed (permuted rows,
@@ -12,7 +14,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ggml_metadata import REQUIRED, GGUFMetadata
+from .ggml_config_utils import (
+    _biases,
+    _decoder,
+    _full_width_head_dim,
+    _head_dim,
+    _rope_parameters,
+    _rotary_decoder,
+    _sizes,
+    _swa_layer_types,
+)
+from .ggml_gemma import _gemma2_config, _gemma3_config, _gemma4_config
+from .ggml_layer_norm import (
+    _bloom_config,
+    _falcon_config,
+    _gpt2_config,
+    _gpt_neox_config,
+    _phi3_config,
+    _phi_config,
+    _stablelm_config,
+    _starcoder2_config,
+    _starcoder_config,
+)
+from .ggml_metadata import GGUFMetadata
 from .ggml_tensors import (
     ARCEE_TENSORS,
     BLOOM_TENSORS,
@@ -41,77 +65,7 @@ from .ggml_tensors import (
     stablelm_tensors,
 )
 
-
 # ---------------------------------------------------------------------- config from metadata
-def _common(md: GGUFMetadata) -> dict[str, Any]:
-    """What every architecture takes alike: the vocabulary (the embedding's rows), token ids (None where the file
-    states none), and a head tied to the embeddings exactly when the file has no `output.weight` (llama.cpp then
-    reuses the embeddings)."""
-    if not md.has_tensor("token_embd.weight"):
-        raise ValueError(f"{md.path}: the GGUF file has no token_embd.weight (the token embeddings)")
-    return {
-        "vocab_size": md.tensor_shapes["token_embd.weight"][0],
-        "bos_token_id": md.token_id("bos"),
-        "eos_token_id": md.token_id("eos"),
-        "pad_token_id": md.token_id("padding"),
-        "tie_word_embeddings": not md.has_tensor("output.weight"),
-    }
-
-
-def _rope_parameters(md: GGUFMetadata, head_dim: int, partial: bool) -> dict[str, Any]:
-    """`rope_parameters` from `rope.freq_base` (llama.cpp's default 10000) and `rope.dimension_count`."""
-    params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base", 10000.0))}
-    rotary_dims = md.get("rope.dimension_count", head_dim)
-    if partial:
-        params["partial_rotary_factor"] = rotary_dims / head_dim
-    elif rotary_dims != head_dim:
-        raise ValueError(
-            f"{md.path}: rope.dimension_count ({rotary_dims}) must equal the head dim ({head_dim}) for a "
-            f"{md.architecture} file: partial rotary embeddings are not part of this architecture"
-        )
-    # llama.cpp: the type defaults to linear; the factor is `rope.scaling.factor`, else the older `rope.scale_linear`,
-    # and 0 (or neither key) means 1; type none never scales.
-    scaling = md.get("rope.scaling.type", "linear")
-    factor = float(md.get("rope.scaling.factor", md.get("rope.scale_linear", 0.0)))
-    if scaling not in ("none", "linear"):
-        raise ValueError(f"{md.path}: GGUF rope scaling {scaling!r} is not supported (supported: none, linear)")
-    if scaling == "linear" and factor not in (0.0, 1.0):
-        params.update(rope_type="linear", factor=factor)
-    return params
-
-
-def _sizes(md: GGUFMetadata) -> dict[str, Any]:
-    """`_common` and the sizes Llama-like configs name alike: widths, layers, heads, key/value heads, context."""
-    heads = md["attention.head_count"]
-    return {
-        **_common(md),
-        "hidden_size": md["embedding_length"],
-        "intermediate_size": md["feed_forward_length"],
-        "num_hidden_layers": md["block_count"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": md.get("attention.head_count_kv", heads),
-        "max_position_embeddings": md["context_length"],
-    }
-
-
-def _decoder(md: GGUFMetadata) -> dict[str, Any]:
-    """`_sizes` with the RMSNorm epsilon."""
-    return {**_sizes(md), "rms_norm_eps": md["attention.layer_norm_rms_epsilon"]}
-
-
-def _head_dim(md: GGUFMetadata) -> int:
-    """`attention.key_length`, else embedding_length / head_count (llama.cpp's default)."""
-    head_dim = md.get("attention.key_length", md["embedding_length"] // md["attention.head_count"])
-    value_length = md.get("attention.value_length", head_dim)
-    if value_length != head_dim:
-        raise ValueError(f"{md.path}: attention.value_length ({value_length}) != key_length ({head_dim})")
-    return head_dim
-
-
-def _rotary_decoder(md: GGUFMetadata) -> dict[str, Any]:
-    """`_decoder` with the head dim and full-width rotary positions (Llama, Mistral, Qwen2, Gemma)."""
-    head_dim = _head_dim(md)
-    return {**_decoder(md), "head_dim": head_dim, "rope_parameters": _rope_parameters(md, head_dim, partial=False)}
 
 
 def _llama_config(md: GGUFMetadata) -> dict[str, Any]:
@@ -143,62 +97,6 @@ def _qwen2_config(md: GGUFMetadata) -> dict[str, Any]:
     return {**_rotary_decoder(md), "use_sliding_window": False}
 
 
-def _gemma2_config(md: GGUFMetadata) -> dict[str, Any]:
-    """Soft-caps default to llama.cpp's 50 / 30. The query scale is llama.cpp's rule: 1/sqrt(head_dim), except
-    for the 46-layer 27B model, 1/sqrt(hidden_size / heads)."""
-    config = _rotary_decoder(md)
-    scalar = config["head_dim"]
-    if config["num_hidden_layers"] == 46:
-        scalar = config["hidden_size"] // config["num_attention_heads"]
-    return {
-        **config,
-        "query_pre_attn_scalar": scalar,
-        "sliding_window": md["attention.sliding_window"],
-        "attn_logit_softcapping": md.get("attn_logit_softcapping", 50.0),
-        "final_logit_softcapping": md.get("final_logit_softcapping", 30.0),
-    }
-
-
-# llama.cpp's Gemma 3 constants: every 6th layer is global, sliding layers rotate with base 10000.
-GEMMA3_SLIDING_PATTERN = 6
-GEMMA3_SLIDING_ROPE_THETA = 10000.0
-
-
-def _gemma3_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp's Gemma 3. With `attention.sliding_window` stated (and not 0), every 6th layer is global
-    (`set_swa_pattern(6)`, upstream's 5:1 `layer_types`) and the others attend to the last `sliding_window` keys,
-    their own included; sliding layers rotate with base 10000 and no scaling (llama.cpp's fixed
-    `rope_freq_base_train_swa` / `rope_freq_scale_train_swa`), global layers with `rope.freq_base` and the file's
-    linear rope scaling (factor 8 in the 4B and larger models; upstream's GGUF loading drops it). That graph caps
-    neither scores nor logits. Without a window llama.cpp runs every layer global and caps the logits by
-    `final_logit_softcapping` when the file states one. The query scale is Gemma 2's rule: 1/sqrt(head_dim), except
-    for the 62-layer 27B model, 1/sqrt(hidden_size / heads)."""
-    config = _rotary_decoder(md)
-    layers = config["num_hidden_layers"]
-    scalar = config["hidden_size"] // config["num_attention_heads"] if layers == 62 else config["head_dim"]
-    window = md.get("attention.sliding_window", 0)
-    if window:
-        layer_types = [
-            "full_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 else "sliding_attention" for i in range(layers)
-        ]
-        softcap = None
-    else:
-        layer_types, softcap = ["full_attention"] * layers, md.get("final_logit_softcapping") or None
-    rope = {
-        "full_attention": config.pop("rope_parameters"),
-        "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_SLIDING_ROPE_THETA},
-    }
-    return {
-        **config,
-        "rope_parameters": rope,
-        "query_pre_attn_scalar": scalar,
-        "sliding_window": window or None,
-        "layer_types": layer_types,
-        "final_logit_softcapping": softcap,
-        "attn_logit_softcapping": None,
-    }
-
-
 def _qwen3_config(md: GGUFMetadata) -> dict[str, Any]:
     """Qwen 2's fields, the head dim from `attention.key_length` (upstream's GGUF loading ignores it and keeps
     Qwen3Config's default, 128) and query/key norms; llama.cpp's Qwen 3 graph has no sliding window."""
@@ -206,298 +104,6 @@ def _qwen3_config(md: GGUFMetadata) -> dict[str, Any]:
         **_rotary_decoder(md),
         "use_sliding_window": False,
         "attention_bias": md.has_tensor("blk.0.attn_q.bias"),
-    }
-
-
-def _gpt2_config(md: GGUFMetadata) -> dict[str, Any]:
-    return {
-        **_common(md),
-        "n_embd": md["embedding_length"],
-        "n_layer": md["block_count"],
-        "n_head": md["attention.head_count"],
-        "n_inner": md["feed_forward_length"],
-        "n_positions": md["context_length"],
-        "layer_norm_epsilon": md["attention.layer_norm_epsilon"],
-    }
-
-
-def _starcoder_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp's StarCoder (GPT-BigCode): GPT-2's blocks with plain linear weights (the converter leaves them as
-    they are), learned positions, tanh GELU, scores scaled by 1/sqrt(head_dim), and fused q/k/v rows: multi-query
-    (all query heads, one key head, one value head) when the file states one key/value head. GPT-BigCode has no
-    grouped heads, so any other count than 1 or every head is refused."""
-    heads = md["attention.head_count"]
-    kv_heads = md.get("attention.head_count_kv", heads)
-    if kv_heads not in (1, heads):
-        raise ValueError(
-            f"{md.path}: a StarCoder file has one key/value head (multi-query) or one per head ({heads}); it states "
-            f"{kv_heads}"
-        )
-    return {
-        **_gpt2_config(md),
-        "multi_query": kv_heads == 1,
-        "activation_function": "gelu_pytorch_tanh",
-        "scale_attn_weights": True,
-    }
-
-
-def _falcon_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp runs Falcon with rotary positions and parallel attention. A second attention norm per block
-    (`attn_norm_2`, Falcon-40B's `ln_attn`) marks the new decoder architecture with grouped key/value heads;
-    otherwise the file must have one key/value head (multi-query, Falcon-7B)."""
-    heads, kv_heads = md["attention.head_count"], md.get("attention.head_count_kv", 1)
-    new_decoder = md.has_tensor("blk.0.attn_norm_2.weight")
-    if not new_decoder and kv_heads != 1:
-        raise ValueError(
-            f"{md.path}: a Falcon file without attn_norm_2 (the 7B layout) must have one key/value head, "
-            f"it states {kv_heads}"
-        )
-    hidden = md["embedding_length"]
-    return {
-        **_common(md),
-        "hidden_size": hidden,
-        "num_hidden_layers": md["block_count"],
-        "num_attention_heads": heads,
-        "num_kv_heads": kv_heads,
-        "new_decoder_architecture": new_decoder,
-        "multi_query": kv_heads == 1,
-        "parallel_attn": True,
-        "alibi": False,
-        "bias": md.has_tensor("blk.0.attn_qkv.bias"),
-        "ffn_hidden_size": md.get("feed_forward_length", 4 * hidden),
-        "max_position_embeddings": md["context_length"],
-        "layer_norm_epsilon": md["attention.layer_norm_epsilon"],
-        "rope_parameters": _rope_parameters(md, hidden // heads, partial=False),
-    }
-
-
-def _bloom_config(md: GGUFMetadata) -> dict[str, Any]:
-    hidden = md["embedding_length"]
-    if md.get("feed_forward_length", 4 * hidden) != 4 * hidden:
-        raise ValueError(f"{md.path}: Bloom's MLP is 4 x embedding_length wide, the file states otherwise")
-    return {
-        **_common(md),
-        "hidden_size": hidden,
-        "n_layer": md["block_count"],
-        "n_head": md["attention.head_count"],
-        "layer_norm_epsilon": md["attention.layer_norm_epsilon"],
-    }
-
-
-def _partial_rotary(md: GGUFMetadata) -> dict[str, Any]:
-    """The fields Phi-2 and GPT-NeoX share: LayerNorm blocks rotating `rope.dimension_count` dims of each head."""
-    heads, hidden = md["attention.head_count"], md["embedding_length"]
-    return {
-        **_common(md),
-        "hidden_size": hidden,
-        "intermediate_size": md["feed_forward_length"],
-        "num_hidden_layers": md["block_count"],
-        "num_attention_heads": heads,
-        "max_position_embeddings": md["context_length"],
-        "layer_norm_eps": md["attention.layer_norm_epsilon"],
-        "rope_parameters": _rope_parameters(md, hidden // heads, partial=True),
-    }
-
-
-def _phi_config(md: GGUFMetadata) -> dict[str, Any]:
-    config = _partial_rotary(md)
-    kv_heads = md.get("attention.head_count_kv", config["num_attention_heads"])
-    return {**config, "num_key_value_heads": kv_heads, "qk_layernorm": False}
-
-
-def _gpt_neox_config(md: GGUFMetadata) -> dict[str, Any]:
-    return {
-        **_partial_rotary(md),
-        "use_parallel_residual": bool(md.get("use_parallel_residual", True)),
-        "attention_bias": md.has_tensor("blk.0.attn_qkv.bias"),
-    }
-
-
-def _stablelm_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp's StableLM: LayerNorm blocks (biases included) rotating `rope.dimension_count` dims of each head in
-    halves (the converter leaves q/k as they are), q/k/v biases when the file has them, per-head q/k LayerNorms
-    when it has them (StableLM 2 12B), and a parallel residual exactly when the blocks have no `ffn_norm`: llama.cpp
-    reads the tensors, not `use_parallel_residual`, so a file whose flag disagrees is refused."""
-    parallel = not md.has_tensor("blk.0.ffn_norm.weight")
-    stated = md.get("use_parallel_residual", parallel)
-    if bool(stated) != parallel:
-        raise ValueError(
-            f"{md.path}: use_parallel_residual is {bool(stated)} but the blocks {'lack' if parallel else 'have'} "
-            "ffn_norm; llama.cpp's StableLM graph follows the tensors"
-        )
-    config = _partial_rotary(md)
-    return {
-        **config,
-        "num_key_value_heads": md.get("attention.head_count_kv", config["num_attention_heads"]),
-        "use_qkv_bias": md.has_tensor("blk.0.attn_q.bias"),
-        "qk_layernorm": md.has_tensor("blk.0.attn_q_norm.weight"),
-        "use_parallel_residual": parallel,
-    }
-
-
-def _full_width_head_dim(md: GGUFMetadata) -> int:
-    """embedding_length / head_count, which `attention.key_length` may state but not change (llama.cpp's Phi-3 and
-    StarCoder2 graphs size heads by it, and so do the upstream configs, which have no head_dim field)."""
-    head_dim = md["embedding_length"] // md["attention.head_count"]
-    if _head_dim(md) != head_dim:
-        raise ValueError(
-            f"{md.path}: attention.key_length ({_head_dim(md)}) must equal embedding_length / head_count "
-            f"({head_dim}) for a {md.architecture} file"
-        )
-    return head_dim
-
-
-def _phi3_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp's Phi-3: RMSNorm blocks, `attn_qkv` fused (or q/k/v apart), `ffn_up` holding the gate's rows then
-    the up projection's (its SwiGLU splits them in halves), rotating `rope.dimension_count` dims of each head
-    (3/4 in Phi-4-mini; upstream's GGUF loading rotates all). LongRoPE (Phi-3 128k, Phi-3.5) is stored as two
-    tensors, `rope_factors_short` / `rope_factors_long`, beside `rope.scaling.original_context_length` and
-    `rope.scaling.attn_factor` (the cos/sin scale); they become upstream's longrope `rope_parameters` (upstream's
-    GGUF loading drops them). One difference stays: llama.cpp takes the long factors for every position once the
-    context it was given exceeds the original length, upstream (and this model) once the sequence does. llama.cpp
-    disables Phi-3's sliding window (ggml-org/llama.cpp#13676), so a stated `attention.sliding_window` is not
-    applied here either."""
-    head_dim = _full_width_head_dim(md)
-    rope = _rope_parameters(md, head_dim, partial=True)
-    config = {**_decoder(md), "rope_parameters": rope, "sliding_window": None}
-    factors = {kind: f"rope_factors_{kind}.weight" for kind in ("short", "long")}
-    present = [name for name in factors.values() if md.has_tensor(name)]
-    if not present:
-        return config
-    if len(present) == 1 or rope["rope_type"] != "default":
-        raise ValueError(
-            f"{md.path}: LongRoPE needs both {' and '.join(factors.values())} and no other rope scaling; the file "
-            f"has {present} and rope scaling {rope['rope_type']!r}"
-        )
-    original = md.get("rope.scaling.original_context_length", config["max_position_embeddings"])
-    rope.update(
-        rope_type="longrope",
-        original_max_position_embeddings=original,
-        **{f"{kind}_factor": md.tensor_values(name) for kind, name in factors.items()},
-    )
-    if md.get("rope.scaling.attn_factor") is not None:
-        rope["attention_factor"] = float(md["rope.scaling.attn_factor"])
-    return {**config, "original_max_position_embeddings": original}
-
-
-def _starcoder2_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp's StarCoder2: LayerNorm blocks, a GELU MLP, biases (`use_bias`), full-width rotary positions with
-    base `rope.freq_base` (upstream's GGUF loading ignores it and keeps 10000; StarCoder2-3B's is 999999.4). No
-    sliding window: llama.cpp's StarCoder2 graph has none, though the checkpoints' configs state 4096."""
-    head_dim = _full_width_head_dim(md)
-    return {
-        **_sizes(md),
-        "norm_epsilon": md["attention.layer_norm_epsilon"],
-        "rope_parameters": _rope_parameters(md, head_dim, partial=False),
-        "use_bias": md.has_tensor("blk.0.attn_output.bias"),
-        "sliding_window": None,
-    }
-
-
-def _per_layer(md: GGUFMetadata, key: str, layers: int, default: Any = REQUIRED) -> list[Any]:
-    """A key llama.cpp reads as one value or one per layer (`get_key_or_arr`), as a per-layer list."""
-    value = md[key] if default is REQUIRED else md.get(key, default)
-    return list(value) if isinstance(value, list) else [value] * layers
-
-
-def _one_per_kind(md: GGUFMetadata, key: str, values: list[Any], layer_types: list[str], kind: str) -> Any:
-    """The one value a per-layer key takes on the layers of a kind; upstream's Gemma 4 has no other."""
-    found = {value for value, t in zip(values, layer_types, strict=True) if t == kind}
-    if len(found) > 1:
-        raise ValueError(f"{md.path}: {key} differs between {kind} layers ({sorted(found)}); one value per kind only")
-    return found.pop() if found else None
-
-
-GEMMA4_FINAL_LOGIT_SOFTCAP = 30.0
-
-
-def _gemma4_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp's Gemma 4 (dense). `attention.sliding_window_pattern` states per layer whether it slides (over the
-    last `attention.sliding_window` keys); sliding heads are `attention.key_length_swa` wide and rotate
-    `rope.dimension_count_swa` dims with base `rope.freq_base_swa` (default 10000), global heads
-    `attention.key_length` wide with base `rope.freq_base` and the `rope_freqs` factors (1 on the rotated pairs, 1e30
-    on the rest: upstream's proportional rope; without the tensor, plain rope). Norms are stored as is (no +1), scores
-    unscaled. `head_count_kv` and `feed_forward_length` may be per layer (the global layers' key/value heads; twice the
-    width on the `attention.shared_kv_layers` last layers: `use_double_wide_mlp`); full layers without `attn_v` take
-    values from the keys (`attention_k_eq_v`). Shared layers reuse the last two layers with a cache (the global one
-    last), which is upstream's rule only when those are sliding then global; other layouts are refused, as are MoE
-    files (`ffn_gate_inp`). Logits are soft-capped by `final_logit_softcapping`, 30 when the file states none (llama.cpp's
-    default, which its converter relies on: it writes no key for a model without a cap, so such a file is capped)."""
-    layers = md["block_count"]
-    if md.has_tensor("blk.0.ffn_gate_inp.weight"):
-        raise ValueError(f"{md.path}: Gemma 4 mixture-of-experts files (ffn_gate_inp) are not supported here")
-    sliding = md["attention.sliding_window_pattern"]
-    if len(sliding) != layers:
-        raise ValueError(f"{md.path}: attention.sliding_window_pattern has {len(sliding)} entries for {layers} layers")
-    layer_types = ["sliding_attention" if s else "full_attention" for s in sliding]
-    if layer_types[-1] != "full_attention":
-        raise ValueError(f"{md.path}: the last Gemma 4 layer must be global (attention.sliding_window_pattern)")
-    shared = md.get("attention.shared_kv_layers", 0)
-    first_shared = layers - shared
-    if shared and layer_types[first_shared - 2 : first_shared] != ["sliding_attention", "full_attention"]:
-        raise ValueError(
-            f"{md.path}: llama.cpp's shared layers reuse layers {first_shared - 2} (sliding) and {first_shared - 1} "
-            "(global); attention.sliding_window_pattern states other kinds there"
-        )
-    heads = md["attention.head_count"]
-    kv = _per_layer(md, "attention.head_count_kv", layers, heads)
-    kv_sliding = _one_per_kind(md, "attention.head_count_kv", kv, layer_types, "sliding_attention")
-    kv_full = _one_per_kind(md, "attention.head_count_kv", kv, layer_types, "full_attention")
-    head_dim, global_head_dim = md["attention.key_length_swa"], md["attention.key_length"]
-    for key, expected in (("value_length_swa", head_dim), ("value_length", global_head_dim)):
-        if md.get(f"attention.{key}", expected) != expected:
-            raise ValueError(f"{md.path}: attention.{key} must equal the key length ({expected})")
-    ffn = _per_layer(md, "feed_forward_length", layers)
-    double = ffn[layers - 1] == 2 * ffn[0] and shared > 0
-    if ffn != [ffn[0] * (2 if double and i >= first_shared else 1) for i in range(layers)]:
-        raise ValueError(f"{md.path}: feed_forward_length {ffn}: one width, or twice it on the shared layers only")
-    if md.get("rope.dimension_count_swa", md.get("rope.dimension_count", global_head_dim)) != head_dim:
-        raise ValueError(f"{md.path}: rope.dimension_count_swa must equal attention.key_length_swa ({head_dim})")
-    if md.get("rope.dimension_count", global_head_dim) != global_head_dim:
-        raise ValueError(f"{md.path}: rope.dimension_count must equal attention.key_length ({global_head_dim})")
-    full_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base", 10000.0))}
-    if md.has_tensor("rope_freqs.weight"):
-        factors = md.tensor_values("rope_freqs.weight")
-        rotated = factors.count(1.0)
-        unrotated = [abs(f / 1e30 - 1) < 1e-6 for f in factors[rotated:]]  # 1e30 as float32
-        if len(factors) != global_head_dim // 2 or not all(unrotated):
-            raise ValueError(
-                f"{md.path}: rope_freqs must be 1 (rotated) then 1e30 (unrotated) pairs, proportional rope"
-            )
-        full_rope.update(rope_type="proportional", partial_rotary_factor=rotated / len(factors))
-    k_eq_v = [not md.has_tensor(f"blk.{i}.attn_v.weight") for i in range(first_shared)]
-    if any(k_eq_v[i] != (t == "full_attention") for i, t in enumerate(layer_types[:first_shared])) and any(k_eq_v):
-        raise ValueError(f"{md.path}: only (and every) global layer may lack attn_v (values from the keys)")
-    per_layer = md["embedding_length_per_layer_input"]
-    return {
-        **_common(md),
-        "hidden_size": md["embedding_length"],
-        "intermediate_size": ffn[0],
-        "use_double_wide_mlp": double,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_sliding if kv_sliding is not None else kv_full,
-        "head_dim": head_dim,
-        "global_head_dim": global_head_dim,
-        "per_layer_config": {
-            i: {"head_dim": global_head_dim, "num_key_value_heads": kv_full}
-            for i, t in enumerate(layer_types)
-            if t == "full_attention"
-        },
-        "attention_k_eq_v": any(k_eq_v),
-        "num_kv_shared_layers": shared,
-        "max_position_embeddings": md["context_length"],
-        "rms_norm_eps": md["attention.layer_norm_rms_epsilon"],
-        "sliding_window": md["attention.sliding_window"],
-        "layer_types": layer_types,
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base_swa", 10000.0))},
-            "full_attention": full_rope,
-        },
-        # llama.cpp's Gemma 4 keeps its hparams default (30) when the file states no cap (Gemma 3 zeroes it)
-        "final_logit_softcapping": md.get("final_logit_softcapping", GEMMA4_FINAL_LOGIT_SOFTCAP) or None,
-        "hidden_size_per_layer_input": per_layer,
-        "vocab_size_per_layer_input": md.tensor_shapes["per_layer_token_embd.weight"][0] if per_layer else 0,
     }
 
 
@@ -511,19 +117,6 @@ def _ernie4_5_config(md: GGUFMetadata) -> dict[str, Any]:
                 f"others; the file has {name}"
             )
     return {**_rotary_decoder(md), "use_bias": False}
-
-
-def _swa_layer_types(md: GGUFMetadata, layers: int, default_pattern: int) -> list[str]:
-    """llama.cpp's `load_swa_pattern`: `attention.sliding_window_pattern` as one flag per layer, else as a period n
-    (the file's, else `default_pattern`) in which the last layer of each n is full (n = 0: every layer slides)."""
-    pattern = md.get("attention.sliding_window_pattern", default_pattern)
-    if isinstance(pattern, list):
-        if len(pattern) != layers:
-            raise ValueError(f"{md.path}: attention.sliding_window_pattern has {len(pattern)} entries, not {layers}")
-        sliding = [bool(flag) for flag in pattern]
-    else:
-        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
-    return ["sliding_attention" if flag else "full_attention" for flag in sliding]
 
 
 def _olmo2_config(md: GGUFMetadata) -> dict[str, Any]:
@@ -699,17 +292,6 @@ def _cohere2_config(md: GGUFMetadata) -> dict[str, Any]:
         "sliding_window": md["attention.sliding_window"],
         "layer_types": _swa_layer_types(md, md["block_count"], 4),
     }
-
-
-def _biases(md: GGUFMetadata, field: str, stems: tuple[str, ...]) -> bool:
-    """Whether block 0 has biases on all of `stems` (upstream's `field` sets them together); some only is refused."""
-    present = [md.has_tensor(f"blk.0.{stem}.bias") for stem in stems]
-    if any(present) and not all(present):
-        raise ValueError(
-            f"{md.path}: {field} gives biases to all of {', '.join(stems)} or none; the file has biases on "
-            f"{', '.join(stem for stem, p in zip(stems, present, strict=True) if p)} only"
-        )
-    return all(present)
 
 
 def _nemotron_config(md: GGUFMetadata) -> dict[str, Any]:

@@ -1,0 +1,144 @@
+"""The config fields every GGUF architecture reads alike (`ggml` and its family modules build on these): the vocabulary
+and token ids, sizes, head dims, rope parameters, sliding patterns and per-layer keys, each as llama.cpp reads it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .ggml_metadata import REQUIRED, GGUFMetadata
+
+
+def _common(md: GGUFMetadata) -> dict[str, Any]:
+    """What every architecture takes alike: the vocabulary (the embedding's rows), token ids (None where the file
+    states none), and a head tied to the embeddings exactly when the file has no `output.weight` (llama.cpp then
+    reuses the embeddings)."""
+    if not md.has_tensor("token_embd.weight"):
+        raise ValueError(f"{md.path}: the GGUF file has no token_embd.weight (the token embeddings)")
+    return {
+        "vocab_size": md.tensor_shapes["token_embd.weight"][0],
+        "bos_token_id": md.token_id("bos"),
+        "eos_token_id": md.token_id("eos"),
+        "pad_token_id": md.token_id("padding"),
+        "tie_word_embeddings": not md.has_tensor("output.weight"),
+    }
+
+
+def _rope_parameters(md: GGUFMetadata, head_dim: int, partial: bool) -> dict[str, Any]:
+    """`rope_parameters` from `rope.freq_base` (llama.cpp's default 10000) and `rope.dimension_count`."""
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base", 10000.0))}
+    rotary_dims = md.get("rope.dimension_count", head_dim)
+    if partial:
+        params["partial_rotary_factor"] = rotary_dims / head_dim
+    elif rotary_dims != head_dim:
+        raise ValueError(
+            f"{md.path}: rope.dimension_count ({rotary_dims}) must equal the head dim ({head_dim}) for a "
+            f"{md.architecture} file: partial rotary embeddings are not part of this architecture"
+        )
+    # llama.cpp: the type defaults to linear; the factor is `rope.scaling.factor`, else the older `rope.scale_linear`,
+    # and 0 (or neither key) means 1; type none never scales.
+    scaling = md.get("rope.scaling.type", "linear")
+    factor = float(md.get("rope.scaling.factor", md.get("rope.scale_linear", 0.0)))
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"{md.path}: GGUF rope scaling {scaling!r} is not supported (supported: none, linear)")
+    if scaling == "linear" and factor not in (0.0, 1.0):
+        params.update(rope_type="linear", factor=factor)
+    return params
+
+
+def _sizes(md: GGUFMetadata) -> dict[str, Any]:
+    """`_common` and the sizes Llama-like configs name alike: widths, layers, heads, key/value heads, context."""
+    heads = md["attention.head_count"]
+    return {
+        **_common(md),
+        "hidden_size": md["embedding_length"],
+        "intermediate_size": md["feed_forward_length"],
+        "num_hidden_layers": md["block_count"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": md.get("attention.head_count_kv", heads),
+        "max_position_embeddings": md["context_length"],
+    }
+
+
+def _decoder(md: GGUFMetadata) -> dict[str, Any]:
+    """`_sizes` with the RMSNorm epsilon."""
+    return {**_sizes(md), "rms_norm_eps": md["attention.layer_norm_rms_epsilon"]}
+
+
+def _head_dim(md: GGUFMetadata) -> int:
+    """`attention.key_length`, else embedding_length / head_count (llama.cpp's default)."""
+    head_dim = md.get("attention.key_length", md["embedding_length"] // md["attention.head_count"])
+    value_length = md.get("attention.value_length", head_dim)
+    if value_length != head_dim:
+        raise ValueError(f"{md.path}: attention.value_length ({value_length}) != key_length ({head_dim})")
+    return head_dim
+
+
+def _rotary_decoder(md: GGUFMetadata) -> dict[str, Any]:
+    """`_decoder` with the head dim and full-width rotary positions (Llama, Mistral, Qwen2, Gemma)."""
+    head_dim = _head_dim(md)
+    return {**_decoder(md), "head_dim": head_dim, "rope_parameters": _rope_parameters(md, head_dim, partial=False)}
+
+
+def _partial_rotary(md: GGUFMetadata) -> dict[str, Any]:
+    """The fields Phi-2 and GPT-NeoX share: LayerNorm blocks rotating `rope.dimension_count` dims of each head."""
+    heads, hidden = md["attention.head_count"], md["embedding_length"]
+    return {
+        **_common(md),
+        "hidden_size": hidden,
+        "intermediate_size": md["feed_forward_length"],
+        "num_hidden_layers": md["block_count"],
+        "num_attention_heads": heads,
+        "max_position_embeddings": md["context_length"],
+        "layer_norm_eps": md["attention.layer_norm_epsilon"],
+        "rope_parameters": _rope_parameters(md, hidden // heads, partial=True),
+    }
+
+
+def _full_width_head_dim(md: GGUFMetadata) -> int:
+    """embedding_length / head_count, which `attention.key_length` may state but not change (llama.cpp's Phi-3 and
+    StarCoder2 graphs size heads by it, and so do the upstream configs, which have no head_dim field)."""
+    head_dim = md["embedding_length"] // md["attention.head_count"]
+    if _head_dim(md) != head_dim:
+        raise ValueError(
+            f"{md.path}: attention.key_length ({_head_dim(md)}) must equal embedding_length / head_count "
+            f"({head_dim}) for a {md.architecture} file"
+        )
+    return head_dim
+
+
+def _swa_layer_types(md: GGUFMetadata, layers: int, default_pattern: int) -> list[str]:
+    """llama.cpp's `load_swa_pattern`: `attention.sliding_window_pattern` as one flag per layer, else as a period n
+    (the file's, else `default_pattern`) in which the last layer of each n is full (n = 0: every layer slides)."""
+    pattern = md.get("attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ValueError(f"{md.path}: attention.sliding_window_pattern has {len(pattern)} entries, not {layers}")
+        sliding = [bool(flag) for flag in pattern]
+    else:
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    return ["sliding_attention" if flag else "full_attention" for flag in sliding]
+
+
+def _per_layer(md: GGUFMetadata, key: str, layers: int, default: Any = REQUIRED) -> list[Any]:
+    """A key llama.cpp reads as one value or one per layer (`get_key_or_arr`), as a per-layer list."""
+    value = md[key] if default is REQUIRED else md.get(key, default)
+    return list(value) if isinstance(value, list) else [value] * layers
+
+
+def _one_per_kind(md: GGUFMetadata, key: str, values: list[Any], layer_types: list[str], kind: str) -> Any:
+    """The one value a per-layer key takes on the layers of a kind; upstream's Gemma 4 has no other."""
+    found = {value for value, t in zip(values, layer_types, strict=True) if t == kind}
+    if len(found) > 1:
+        raise ValueError(f"{md.path}: {key} differs between {kind} layers ({sorted(found)}); one value per kind only")
+    return found.pop() if found else None
+
+
+def _biases(md: GGUFMetadata, field: str, stems: tuple[str, ...]) -> bool:
+    """Whether block 0 has biases on all of `stems` (upstream's `field` sets them together); some only is refused."""
+    present = [md.has_tensor(f"blk.0.{stem}.bias") for stem in stems]
+    if any(present) and not all(present):
+        raise ValueError(
+            f"{md.path}: {field} gives biases to all of {', '.join(stems)} or none; the file has biases on "
+            f"{', '.join(stem for stem, p in zip(stems, present, strict=True) if p)} only"
+        )
+    return all(present)
