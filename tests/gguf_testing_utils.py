@@ -51,6 +51,7 @@ ARCHES = {
     "exaone4": gguf.MODEL_ARCH.EXAONE4,
     "hunyuan-dense": gguf.MODEL_ARCH.HUNYUAN_DENSE,
     "glm4": gguf.MODEL_ARCH.GLM4,
+    "apertus": gguf.MODEL_ARCH.APERTUS,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.
@@ -109,7 +110,39 @@ def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np
         return None if name == "lm_head.weight" else value
     if arch == "nemotron" and name.endswith("norm.weight"):  # LayerNorm1p's 1 + w
         return value + 1
+    if arch == "apertus" and ".act_fn." in name:  # xIELU's parameters go to the metadata (weight_metadata)
+        return None
     return value
+
+
+def weight_metadata(arch: str, checkpoint_dir: str, config: Any) -> dict[str, Any]:
+    """Metadata llama.cpp's converter reads from the weights, as `{GGUFWriter method: value}`: Apertus' per-layer
+    xIELU parameters (`ApertusModel.modify_tensors`)."""
+    if arch != "apertus":
+        return {}
+    tensors = checkpoint_tensors(checkpoint_dir)
+    layers = range(config.num_hidden_layers)
+    return {
+        f"add_xielu_{name}": [float(tensors[f"model.layers.{i}.mlp.act_fn.{name}"].item()) for i in layers]
+        for name in ("alpha_p", "alpha_n", "beta", "eps")
+    }
+
+
+def llama3_rope_factors(rope: dict[str, Any], dim: int) -> np.ndarray:
+    """`LlamaModel.generate_extra_tensors`: each rotated pair's frequency divisor under llama3 rope scaling."""
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    factors = []
+    for freq in 1.0 / (rope["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim)):
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def _stack_per_head_norms(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -148,6 +181,9 @@ def gguf_tensors(arch: str, checkpoint_dir: str, config: Any) -> dict[str, np.nd
     if arch == "phi3" and rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3 converter: factors as tensors
         for kind in ("long", "short"):
             out[f"rope_factors_{kind}.weight"] = np.array(rope[f"{kind}_factor"], dtype=np.float32)
+    if rope.get("rope_type") == "llama3":  # llama.cpp's converter: the scaling as frequency divisors
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        out["rope_freqs.weight"] = llama3_rope_factors(rope, head_dim)
     if arch == "gemma4":  # llama.cpp's converter: proportional rope as frequency factors (1e30: not rotated)
         full = rope["full_attention"]
         head_dim = config.per_layer_config[config.layer_types.index("full_attention")].head_dim

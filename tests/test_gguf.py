@@ -22,7 +22,16 @@ from transformers_static.bench.presets import convert_gguf_to_checkpoint
 from transformers_static.modeling_gguf_pytorch_utils import load_gguf_checkpoint, load_gguf_config_dict
 from transformers_static.models.auto.tokenization_auto import load_gguf_tokenizer_files
 
-from .gguf_testing_utils import Q, byte_tokens, gguf, gguf_tensors, llama_metadata, logits, write_gguf
+from .gguf_testing_utils import (
+    Q,
+    byte_tokens,
+    gguf,
+    gguf_tensors,
+    llama_metadata,
+    logits,
+    weight_metadata,
+    write_gguf,
+)
 from .models.causal_lm_tester import perturb
 from .testing_utils import by_name
 
@@ -282,6 +291,16 @@ def _nemotron_metadata(c: Any) -> dict[str, Any]:
 LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 GEMMA3 = dict(LLAMA, num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=256, sliding_window=4)
 STARCODER2 = dict(LLAMA, bos_token_id=0, eos_token_id=0)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=10000.0,
+    factor=4.0,
+    low_freq_factor=2.0,
+    high_freq_factor=8.0,
+    original_max_position_embeddings=128,
+)
+LLAMA3_1_ROPE = dict(LLAMA3_ROPE, rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+LLAMA3_1_ROPE["original_max_position_embeddings"] = 8192
 PHI3 = dict(LLAMA, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
     "llama": ("llama", transformers.LlamaForCausalLM, LLAMA, llama_metadata, True),
@@ -302,6 +321,32 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
             "add_rope_scaling_factor": c.rope_parameters["factor"],
         },
         False,  # upstream drops the file's rope scaling
+    ),
+    # llama3 rope scaling, which the converter writes as per-frequency divisors (`rope_freqs`): two blended pairs fix
+    # the parameters up to their ratios (these come back as low_freq_factor 1, high 4, original length 64)
+    "llama3_rope": (
+        "llama",
+        transformers.LlamaForCausalLM,
+        dict(LLAMA, rope_parameters=LLAMA3_ROPE),
+        llama_metadata,
+        False,  # upstream's GGUF loader ignores rope_freqs: its Llama 3.1 files lose their rope scaling
+    ),
+    # Llama 3.1's own parameters: one blended pair at this head dim, so Llama 3.1's are the candidate checked
+    "llama3_1_rope": (
+        "llama",
+        transformers.LlamaForCausalLM,
+        dict(LLAMA, rope_parameters=LLAMA3_1_ROPE, max_position_embeddings=131072),
+        llama_metadata,
+        False,  # upstream's GGUF loader ignores rope_freqs
+    ),
+    # xIELU's per-layer parameters in the metadata, unpermuted q/k with RMS q/k norms, llama3 rope (upstream's
+    # default), all four projection biases
+    "apertus": (
+        "apertus",
+        transformers.ApertusForCausalLM,
+        dict(LLAMA, attention_bias=True),
+        llama_metadata,
+        False,  # upstream: no GGUF Apertus
     ),
     "qwen2": ("qwen2", transformers.Qwen2ForCausalLM, LLAMA, llama_metadata, True),
     "gemma": (
@@ -637,7 +682,7 @@ class TmpDirTestCase(unittest.TestCase):
             self.path("gguf", "model.gguf"),
             arch,
             tensors,
-            {**extra, **metadata(upstream.config)},
+            {**extra, **metadata(upstream.config), **weight_metadata(arch, self.path("hf"), upstream.config)},
             qtype,
             byte_tokens(VOCAB),
         )
@@ -886,11 +931,11 @@ class GGUFErrorTest(TmpDirTestCase):
             AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
 
     def test_unknown_tensor_is_named(self) -> None:
-        upstream = self.write_model_gguf("llama")
-        tensors = gguf_tensors("llama", self.path("hf"), upstream.config)
-        tensors["rope_freqs.weight"] = torch.ones(8).numpy()  # Llama 3.1 rope scaling factors: not supported
-        self.write("llama", tensors, llama_metadata(upstream.config))
-        with self.assertRaisesRegex(ValueError, r"rope_freqs\.weight.*no place in a llama model.*Llama 3\.1"):
+        upstream = self.write_model_gguf("qwen2")
+        tensors = gguf_tensors("qwen2", self.path("hf"), upstream.config)
+        tensors["rope_freqs.weight"] = torch.ones(8).numpy()  # rope divisors, which llama.cpp's Qwen2 does not read
+        self.write("qwen2", tensors, llama_metadata(upstream.config))
+        with self.assertRaisesRegex(ValueError, r"rope_freqs\.weight.*no place in a qwen2 model.*does not read"):
             AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
 
     def test_missing_metadata_key_is_named(self) -> None:
@@ -935,12 +980,27 @@ class GGUFErrorTest(TmpDirTestCase):
             ("glm4", {}, {"add_rope_dimension_sections": [2, 2, 2, 2]}, "M-RoPE, GLM-4V"),
             ("glm4", {}, {"add_nextn_predict_layers": 1}, "NextN prediction layers"),
             ("starcoder", {}, {"add_head_count_kv": 2}, "one key/value head \\(multi-query\\) or one per head"),
+            ("apertus", {"blk.0.attn_q_norm.bias": np.ones(16, np.float32)}, {}, "no q/k norm biases"),
+            ("apertus", {"blk.0.attn_output.bias": None}, {}, "biases to all of attn_q, attn_k, attn_v, attn_output"),
+            (
+                "llama3_rope",
+                {"rope_freqs.weight": np.array([1, 3, 2, 5, 1, 1, 1, 4], np.float32)},
+                {},
+                "not the divisors",
+            ),
+            (
+                "llama3_rope",
+                {},
+                {"add_rope_scaling_type": gguf.RopeScalingType.LINEAR, "add_rope_scaling_factor": 2.0},
+                "rope_freqs factors with linear rope scaling",
+            ),
         ):
             with self.subTest(case=case, message=message):
                 arch, _, _, metadata, _ = CASES[case]
                 upstream = self.write_model_gguf(case)
                 tensors = gguf_tensors(arch, self.path("hf"), upstream.config)
-                self.write(arch, {**tensors, **tensors_edit}, {**metadata(upstream.config), **metadata_edit})
+                tensors = {name: value for name, value in {**tensors, **tensors_edit}.items() if value is not None}
+                self.write(arch, tensors, {**metadata(upstream.config), **metadata_edit})
                 with self.assertRaisesRegex(ValueError, message):
                     load_gguf_config_dict(self.path("gguf", "model.gguf"))
 

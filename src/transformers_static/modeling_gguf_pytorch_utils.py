@@ -193,6 +193,9 @@ def load_gguf_checkpoint(
         for stem, value in undo(gguf_stem, suffix, _dequantize(tensor), config).items():
             state_dict[_our_name(names[stem], block, suffix)] = value.to(dtype)
     _join(state_dict, GGUF_ARCHITECTURES[architecture].joins, md.path)
+    if GGUF_ARCHITECTURES[architecture].metadata_weights is not None:
+        weights = GGUF_ARCHITECTURES[architecture].metadata_weights(md, config)
+        state_dict.update({name: value.to(dtype) for name, value in weights.items()})
     return config, state_dict
 
 
@@ -225,7 +228,9 @@ def _join(state_dict: dict[str, torch.Tensor], joins: dict[str, tuple[str, ...]]
 
 
 # Tensors llama.cpp writes for features not supported here, and what they are.
-UNSUPPORTED_TENSORS = {"rope_freqs": "llama.cpp's rope frequency factors (Llama 3.1-style rope scaling)"}
+UNSUPPORTED_TENSORS = {
+    "rope_freqs": "llama.cpp's rope frequency factors, which this architecture's llama.cpp graph does not read"
+}
 
 
 def _check_tensor_names(md: GGUFMetadata, names: dict[str, str | None]) -> None:

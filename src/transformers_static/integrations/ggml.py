@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .ggml_config_utils import (
     _biases,
     _decoder,
@@ -38,6 +40,7 @@ from .ggml_layer_norm import (
 )
 from .ggml_metadata import GGUFMetadata
 from .ggml_tensors import (
+    APERTUS_TENSORS,
     ARCEE_TENSORS,
     BLOOM_TENSORS,
     COHERE2_TENSORS,
@@ -60,6 +63,7 @@ from .ggml_tensors import (
     PHI3_JOINS,
     PHI3_TENSORS,
     QWEN3_TENSORS,
+    ROPE_FACTORS,
     SEED_OSS_TENSORS,
     STARCODER2_TENSORS,
     stablelm_tensors,
@@ -79,6 +83,37 @@ def _llama_config(md: GGUFMetadata) -> dict[str, Any]:
 def _arcee_config(md: GGUFMetadata) -> dict[str, Any]:
     """llama.cpp's Arcee (AFM): Llama's blocks (q/k rows permuted by the converter) with a gate-free ReLU² MLP."""
     return {**_llama_config(md), "hidden_act": "relu2"}
+
+
+def _apertus_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Apertus: Llama's blocks with rotate-half q/k as upstream stores them (the converter does not
+    permute), RMSNorms over each query and key head, and a gate-free xIELU MLP whose per-layer parameters are
+    metadata (`_xielu_weights`). Projection biases come together (upstream's `attention_bias`); q/k norm biases,
+    which upstream's Apertus lacks, are refused."""
+    for name in ("blk.0.attn_q_norm.bias", "blk.0.attn_k_norm.bias"):
+        if md.has_tensor(name):
+            raise ValueError(f"{md.path}: upstream's Apertus has no q/k norm biases; the file has {name}")
+    bias = _biases(md, "attention_bias", ("attn_q", "attn_k", "attn_v", "attn_output"))
+    return {**_rotary_decoder(md), "hidden_act": "xielu", "attention_bias": bias}
+
+
+def _xielu_weights(md: GGUFMetadata, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Apertus' xIELU parameters, which llama.cpp's converter moves from the weights into the metadata arrays
+    `xielu.{alpha_p,alpha_n,beta,eps}` (one value or one per layer), back as upstream's weights: `alpha_p` /
+    `alpha_n` `[1]` (softplus-inverted, as stored) and the scalar buffers `beta` / `eps`."""
+    weights = {}
+    for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ())):
+        if f"xielu.{name}" not in md.fields:
+            raise ValueError(f"{md.path}: the GGUF metadata lacks 'xielu.{name}', which an apertus file must state")
+        values = md.fields[f"xielu.{name}"]
+        values = list(values) if isinstance(values, list) else [values] * config["num_hidden_layers"]
+        if len(values) != config["num_hidden_layers"]:
+            raise ValueError(
+                f"{md.path}: xielu.{name} has {len(values)} values for {config['num_hidden_layers']} layers"
+            )
+        for layer, value in enumerate(values):
+            weights[f"model.layers.{layer}.mlp.act_fn.{name}"] = torch.tensor(float(value)).reshape(shape)
+    return weights
 
 
 def _smollm3_config(md: GGUFMetadata) -> dict[str, Any]:
@@ -314,13 +349,14 @@ class GGUFArchitecture:
     """One GGUF architecture: our model type (`variant`, where one llama.cpp architecture holds two of ours, picks it
     from the metadata), its config from the metadata, its tensor names given that config (None: a tensor read into
     the config, not a weight), and modules joined from parts on load (`{fused module: (part modules, in row
-    order)}`)."""
+    order)}`), and weights the converter moved into the metadata (`metadata_weights(md, config)`)."""
 
     model_type: str
     config: Callable[[GGUFMetadata], dict[str, Any]]
     tensors: Callable[[dict[str, Any]], dict[str, str | None]]
     joins: dict[str, tuple[str, ...]] = field(default_factory=dict)
     variant: Callable[[GGUFMetadata], str] | None = None
+    metadata_weights: Callable[[GGUFMetadata, dict[str, Any]], dict[str, torch.Tensor]] | None = None
 
     def model_type_of(self, md: GGUFMetadata) -> str:
         """Our model type for a file of this architecture."""
@@ -328,8 +364,8 @@ class GGUFArchitecture:
 
 
 GGUF_ARCHITECTURES = {
-    "llama": GGUFArchitecture("llama", _llama_config, lambda config: LLAMA_TENSORS),
-    "mistral": GGUFArchitecture("mistral", _mistral_config, lambda config: LLAMA_TENSORS),
+    "llama": GGUFArchitecture("llama", _llama_config, lambda config: {**LLAMA_TENSORS, **ROPE_FACTORS}),
+    "mistral": GGUFArchitecture("mistral", _mistral_config, lambda config: {**LLAMA_TENSORS, **ROPE_FACTORS}),
     "qwen2": GGUFArchitecture("qwen2", _qwen2_config, lambda config: LLAMA_TENSORS),
     "gemma": GGUFArchitecture("gemma", _rotary_decoder, lambda config: LLAMA_TENSORS),
     "gemma2": GGUFArchitecture("gemma2", _gemma2_config, lambda config: GEMMA2_TENSORS),
@@ -351,15 +387,21 @@ GGUF_ARCHITECTURES = {
     "olmo2": GGUFArchitecture("olmo2", _olmo2_config, lambda config: OLMO2_TENSORS, variant=_olmo2_model_type),
     "seed_oss": GGUFArchitecture("seed_oss", _seed_oss_config, lambda config: SEED_OSS_TENSORS),
     "olmo": GGUFArchitecture("olmo", _olmo_config, lambda config: OLMO_TENSORS),
-    "granite": GGUFArchitecture("granite", _granite_config, lambda config: LLAMA_TENSORS),
+    "granite": GGUFArchitecture("granite", _granite_config, lambda config: {**LLAMA_TENSORS, **ROPE_FACTORS}),
     "command-r": GGUFArchitecture("cohere", _command_r_config, lambda config: COMMAND_R_TENSORS),
     "cohere2": GGUFArchitecture("cohere2", _cohere2_config, lambda config: COHERE2_TENSORS),
     "nemotron": GGUFArchitecture("nemotron", _nemotron_config, lambda config: NEMOTRON_TENSORS),
     "stablelm": GGUFArchitecture("stablelm", _stablelm_config, stablelm_tensors),
     "starcoder": GGUFArchitecture("gpt_bigcode", _starcoder_config, lambda config: GPT2_TENSORS),
-    "arcee": GGUFArchitecture("arcee", _arcee_config, lambda config: ARCEE_TENSORS),
+    "arcee": GGUFArchitecture("arcee", _arcee_config, lambda config: {**ARCEE_TENSORS, **ROPE_FACTORS}),
+    "apertus": GGUFArchitecture(
+        "apertus",
+        _apertus_config,
+        lambda config: {**APERTUS_TENSORS, **ROPE_FACTORS},
+        metadata_weights=_xielu_weights,
+    ),
     "smollm3": GGUFArchitecture("smollm3", _smollm3_config, lambda config: LLAMA_TENSORS),
-    "exaone4": GGUFArchitecture("exaone4", _exaone4_config, lambda config: EXAONE4_TENSORS),
+    "exaone4": GGUFArchitecture("exaone4", _exaone4_config, lambda config: {**EXAONE4_TENSORS, **ROPE_FACTORS}),
     "glm4": GGUFArchitecture("glm4", _glm4_config, lambda config: GLM4_TENSORS),
     "hunyuan-dense": GGUFArchitecture("hunyuan_v1_dense", _hunyuan_dense_config, lambda config: HUNYUAN_TENSORS),
 }

@@ -3,8 +3,12 @@ and token ids, sizes, head dims, rope parameters, sliding patterns and per-layer
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import torch
+
+from ..modeling_rope_utils import compute_inv_freq
 from .ggml_metadata import REQUIRED, GGUFMetadata
 
 
@@ -42,7 +46,52 @@ def _rope_parameters(md: GGUFMetadata, head_dim: int, partial: bool) -> dict[str
         raise ValueError(f"{md.path}: GGUF rope scaling {scaling!r} is not supported (supported: none, linear)")
     if scaling == "linear" and factor not in (0.0, 1.0):
         params.update(rope_type="linear", factor=factor)
+    if md.has_tensor("rope_freqs.weight"):
+        if params["rope_type"] != "default":
+            raise ValueError(f"{md.path}: rope_freqs factors with {scaling} rope scaling are not supported")
+        params = _llama3_rope(md, params, rotary_dims)
     return params
+
+
+def _llama3_rope(md: GGUFMetadata, params: dict[str, Any], rotary_dims: int) -> dict[str, Any]:
+    """Upstream's llama3 rope parameters from `rope_freqs` (the divisor of each rotated pair's frequency, which
+    llama.cpp's converter computes from them), checked by recomputing the divisors; divisors no llama3 parameters
+    give are refused. Only the ratios `original_max_position_embeddings / {low,high}_freq_factor` shape the
+    divisors, so `low_freq_factor` is taken as 1 (Llama 3.1's, 3.2's and Apertus' value)."""
+    divisors = torch.tensor(md.tensor_values("rope_freqs.weight"), dtype=torch.float64)  # [rotary_dims // 2]
+    if divisors.numel() != rotary_dims // 2:
+        raise ValueError(f"{md.path}: rope_freqs has {divisors.numel()} factors, expected {rotary_dims // 2}")
+    if bool((divisors == 1).all()):
+        return params
+    factor = divisors.max().item()
+    wavelen = (
+        2 * math.pi * params["rope_theta"] ** (torch.arange(0, rotary_dims, 2, dtype=torch.float64) / rotary_dims)
+    )
+    # between the two wavelengths the blend's weight is linear in 1 / wavelength: old / (hf - 1) / λ - 1 / (hf - 1)
+    medium = (divisors > 1 + 1e-6) & (divisors < factor * (1 - 1e-6))
+    candidates = [(4.0, 8192)]  # Llama 3.1's, when too few blended pairs fix them
+    if int(medium.sum()) >= 2:
+        blend = (1 / divisors[medium] - 1 / factor) / (1 - 1 / factor)
+        design = torch.stack([1 / wavelen[medium], torch.ones_like(blend)], dim=1)
+        slope, intercept = torch.linalg.lstsq(design, blend[:, None]).solution.flatten().tolist()
+        if intercept < 0:
+            candidates.insert(0, (round(1 - 1 / intercept, 6), round(-slope / intercept)))
+    for high_freq_factor, original in candidates:
+        llama3 = {
+            **params,
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original,
+        }
+        recomputed = compute_inv_freq(params, rotary_dims) / compute_inv_freq(llama3, rotary_dims)
+        if torch.allclose(recomputed.double(), divisors, rtol=1e-5, atol=0):
+            return llama3
+    raise ValueError(
+        f"{md.path}: rope_freqs {divisors.tolist()[:8]}... are not the divisors of any llama3 rope scaling "
+        "(the only per-frequency factors supported here)"
+    )
 
 
 def _sizes(md: GGUFMetadata) -> dict[str, Any]:

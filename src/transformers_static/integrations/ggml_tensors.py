@@ -209,7 +209,15 @@ NEMOTRON_TENSORS = {
     **_blocks("model.layers", {"ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}),
 }
 
+# llama.cpp's per-frequency rope divisors, which the config reads (llama3 rope scaling; see _llama3_rope)
+ROPE_FACTORS: dict[str, str | None] = {"rope_freqs": None}
+
 ARCEE_TENSORS = {name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"}  # gate-free MLP
+
+APERTUS_TENSORS = {
+    **{name: ours for name, ours in ARCEE_TENSORS.items() if name not in ("blk.attn_norm", "blk.ffn_norm")},
+    **_blocks("model.layers", {"attn_norm": "attention_layernorm", "ffn_norm": "feedforward_layernorm", **_QK_NORMS}),
+}
 
 EXAONE4_TENSORS = {
     **{name: ours for name, ours in QWEN3_TENSORS.items() if name not in ("blk.attn_norm", "blk.ffn_norm")},
