@@ -52,6 +52,7 @@ ARCHES = {
     "hunyuan-dense": gguf.MODEL_ARCH.HUNYUAN_DENSE,
     "glm4": gguf.MODEL_ARCH.GLM4,
     "apertus": gguf.MODEL_ARCH.APERTUS,
+    "jais2": gguf.MODEL_ARCH.JAIS2,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.

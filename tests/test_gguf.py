@@ -273,6 +273,23 @@ def _cohere2_metadata(c: Any) -> dict[str, Any]:
     return {**_command_r_metadata(c), "add_sliding_window": c.sliding_window}
 
 
+def _jais2_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's JAIS-2 converter: LayerNorm epsilon, the head dim as key/value length and rotated dims."""
+    return {
+        "add_context_length": c.max_position_embeddings,
+        "add_embedding_length": c.hidden_size,
+        "add_block_count": c.num_hidden_layers,
+        "add_feed_forward_length": c.intermediate_size,
+        "add_head_count": c.num_attention_heads,
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_layer_norm_eps": c.layer_norm_eps,
+        "add_rope_freq_base": c.rope_parameters["rope_theta"],
+        "add_rope_dimension_count": c.head_dim,
+        "add_key_length": c.head_dim,
+        "add_value_length": c.head_dim,
+    }
+
+
 def _nemotron_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's Nemotron converter: LayerNorm epsilon, rotated dims from embedding_length / heads, no scaling."""
     metadata = {
@@ -347,6 +364,14 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         dict(LLAMA, attention_bias=True),
         llama_metadata,
         False,  # upstream: no GGUF Apertus
+    ),
+    # LayerNorms with biases, biases on every projection, gate-free ReLU², a head dim of its own
+    "jais2": (
+        "jais2",
+        transformers.Jais2ForCausalLM,
+        dict(LLAMA, head_dim=8, layer_norm_eps=1e-4),
+        _jais2_metadata,
+        False,  # upstream: no GGUF JAIS-2
     ),
     "qwen2": ("qwen2", transformers.Qwen2ForCausalLM, LLAMA, llama_metadata, True),
     "gemma": (
@@ -981,6 +1006,7 @@ class GGUFErrorTest(TmpDirTestCase):
             ("glm4", {}, {"add_nextn_predict_layers": 1}, "NextN prediction layers"),
             ("starcoder", {}, {"add_head_count_kv": 2}, "one key/value head \\(multi-query\\) or one per head"),
             ("apertus", {"blk.0.attn_q_norm.bias": np.ones(16, np.float32)}, {}, "no q/k norm biases"),
+            ("jais2", {"blk.0.ffn_up.bias": None, "blk.0.ffn_down.bias": None}, {}, "biases on ffn_up and ffn_down"),
             ("apertus", {"blk.0.attn_output.bias": None}, {}, "biases to all of attn_q, attn_k, attn_v, attn_output"),
             (
                 "llama3_rope",

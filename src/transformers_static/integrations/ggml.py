@@ -32,6 +32,7 @@ from .ggml_layer_norm import (
     _falcon_config,
     _gpt2_config,
     _gpt_neox_config,
+    _jais2_config,
     _phi3_config,
     _phi_config,
     _stablelm_config,
@@ -394,6 +395,7 @@ GGUF_ARCHITECTURES = {
     "stablelm": GGUFArchitecture("stablelm", _stablelm_config, stablelm_tensors),
     "starcoder": GGUFArchitecture("gpt_bigcode", _starcoder_config, lambda config: GPT2_TENSORS),
     "arcee": GGUFArchitecture("arcee", _arcee_config, lambda config: {**ARCEE_TENSORS, **ROPE_FACTORS}),
+    "jais2": GGUFArchitecture("jais2", _jais2_config, lambda config: ARCEE_TENSORS),
     "apertus": GGUFArchitecture(
         "apertus",
         _apertus_config,

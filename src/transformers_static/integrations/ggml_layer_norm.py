@@ -1,14 +1,16 @@
 """GGUF configs of the LayerNorm families: GPT-2, StarCoder (GPT-BigCode), Falcon, Bloom, Phi-2, GPT-NeoX, StableLM,
-Phi-3 and StarCoder2, as llama.cpp reads their metadata."""
+Phi-3, StarCoder2 and JAIS-2, as llama.cpp reads their metadata."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .ggml_config_utils import (
+    _biases,
     _common,
     _decoder,
     _full_width_head_dim,
+    _head_dim,
     _partial_rotary,
     _rope_parameters,
     _sizes,
@@ -171,4 +173,23 @@ def _starcoder2_config(md: GGUFMetadata) -> dict[str, Any]:
         "rope_parameters": _rope_parameters(md, head_dim, partial=False),
         "use_bias": md.has_tensor("blk.0.attn_output.bias"),
         "sliding_window": None,
+    }
+
+
+def _jais2_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's JAIS-2: LayerNorm blocks with biases, full-width rotate-half rope (q/k as upstream stores them),
+    a gate-free ReLU² MLP. Its graph has biases on every projection and the MLP, so a file without them is refused."""
+    head_dim = _head_dim(md)
+    if not _biases(md, "attention_bias", ("attn_q", "attn_k", "attn_v", "attn_output")):
+        raise ValueError(f"{md.path}: llama.cpp's JAIS-2 has biases on every attention projection; the file has none")
+    if not _biases(md, "mlp_bias", ("ffn_up", "ffn_down")):
+        raise ValueError(f"{md.path}: llama.cpp's JAIS-2 has biases on ffn_up and ffn_down; the file has none")
+    return {
+        **_sizes(md),
+        "head_dim": head_dim,
+        "layer_norm_eps": md["attention.layer_norm_epsilon"],
+        "rope_parameters": _rope_parameters(md, head_dim, partial=False),
+        "hidden_act": "relu2",
+        "attention_bias": True,
+        "mlp_bias": True,
     }
