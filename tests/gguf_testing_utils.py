@@ -53,6 +53,7 @@ ARCHES = {
     "glm4": gguf.MODEL_ARCH.GLM4,
     "apertus": gguf.MODEL_ARCH.APERTUS,
     "jais2": gguf.MODEL_ARCH.JAIS2,
+    "chatglm": gguf.MODEL_ARCH.CHATGLM,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.

@@ -220,6 +220,22 @@ def _glm4_metadata(c: Any) -> dict[str, Any]:
     return {**_text_model_metadata(c), "add_rope_dimension_count": rotated}
 
 
+def _chatglm_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's ChatGLM converter on a GLM checkpoint: the context length from `seq_length`, else the hidden size;
+    epsilon `layernorm_epsilon` (1e-5 by default); base 10000; the rotated share of hidden / heads."""
+    return {
+        "add_context_length": c.hidden_size,
+        "add_embedding_length": c.hidden_size,
+        "add_feed_forward_length": c.intermediate_size,
+        "add_block_count": c.num_hidden_layers,
+        "add_head_count": c.num_attention_heads,
+        "add_head_count_kv": c.num_key_value_heads,
+        "add_layer_norm_rms_eps": 1e-5,
+        "add_rope_dimension_count": int(c.hidden_size // c.num_attention_heads * 0.5),
+        "add_rope_freq_base": 10000.0,
+    }
+
+
 def _stablelm_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's StableLM converter: LayerNorm keys, the rotated dims and the residual flag; no rope base."""
     return {
@@ -469,6 +485,15 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         dict(LLAMA, hidden_size=32, intermediate_size=32, num_hidden_layers=64, head_dim=16, sliding_window=3),
         _exaone4_metadata,
         False,
+    ),
+    # fused gate/up, interleaved rope on half of each head, q/k/v biases; the epsilon the converter writes whatever
+    # the checkpoint says (GLM's own is 1.5625e-07)
+    "glm": (
+        "chatglm",
+        transformers.GlmForCausalLM,
+        dict(LLAMA, head_dim=16, attention_bias=True, rms_norm_eps=1e-5, pad_token_id=0),
+        _chatglm_metadata,
+        False,  # upstream: no GGUF GLM
     ),
     # four norms per block, fused gate/up, interleaved rope on half of each head, q/k/v biases
     "glm4": (
@@ -1003,6 +1028,8 @@ class GGUFErrorTest(TmpDirTestCase):
             ("exaone4_32b", {}, {"add_rope_freq_base_swa": 1e3}, "EXAONE 4 has one rope base"),
             ("hunyuan_dense", {"blk.0.attn_q.bias": np.ones(64, np.float32)}, {}, "no attention biases"),
             ("glm4", {}, {"add_rope_dimension_sections": [2, 2, 2, 2]}, "M-RoPE, GLM-4V"),
+            ("glm", {"blk.0.attn_qkv.weight": np.ones((128, 64), np.float32)}, {}, "ChatGLM2/3 file"),
+            ("glm", {"blk.0.attn_k.bias": None}, {}, "biases to all of attn_q, attn_k, attn_v"),
             ("glm4", {}, {"add_nextn_predict_layers": 1}, "NextN prediction layers"),
             ("starcoder", {}, {"add_head_count_kv": 2}, "one key/value head \\(multi-query\\) or one per head"),
             ("apertus", {"blk.0.attn_q_norm.bias": np.ones(16, np.float32)}, {}, "no q/k norm biases"),

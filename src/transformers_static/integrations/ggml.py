@@ -53,6 +53,7 @@ from .ggml_tensors import (
     GEMMA3_TENSORS,
     GEMMA4_TENSORS,
     GLM4_TENSORS,
+    GLM_TENSORS,
     GPT2_TENSORS,
     GPT_NEOX_TENSORS,
     HUNYUAN_TENSORS,
@@ -216,22 +217,33 @@ def _hunyuan_dense_config(md: GGUFMetadata) -> dict[str, Any]:
     return {**_rotary_decoder(md), "attention_bias": False}
 
 
-def _glm4_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp's GLM-4 (0414): RMSNorms before and after attention and MLP, q/k/v biases when the file has them,
-    the fused gate/up MLP (`ffn_up`, gate rows first), interleaved rope on `rope.dimension_count` dims of each head
-    (q/k as upstream holds them). M-RoPE files (GLM-4V, whose q/k the converter permutes) and files with NextN
-    prediction layers (GLM-OCR) are refused."""
-    if md.get("rope.dimension_sections") is not None:
-        raise ValueError(f"{md.path}: a GLM-4 file with rope.dimension_sections (M-RoPE, GLM-4V) is not supported")
-    if md.get("nextn_predict_layers", 0):
-        raise ValueError(f"{md.path}: GLM-4 NextN prediction layers (nextn_predict_layers) are not supported")
+def _glm_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's ChatGLM architecture as upstream's GLM (glm-4-9b-hf): RMSNorm blocks, q/k/v biases when the file
+    has them, the fused gate/up MLP (`ffn_up`, gate rows first), interleaved rope on `rope.dimension_count` dims of
+    each head (q/k as upstream holds them). The converter writes epsilon 1e-5 and base 10000 (times ChatGLM's
+    `rope_ratio`) whatever the checkpoint's `rms_norm_eps` and `rope_theta`; the file's values are what llama.cpp
+    computes, and this model too. ChatGLM2/3 files (fused `attn_qkv`; remote-code models upstream has no class
+    for) are refused."""
+    if md.has_tensor("blk.0.attn_qkv.weight"):
+        raise ValueError(f"{md.path}: a ChatGLM2/3 file (fused attn_qkv) is not supported; GLM (q/k/v apart) is")
     head_dim = _head_dim(md)
     return {
         **_decoder(md),
         "head_dim": head_dim,
         "rope_parameters": _rope_parameters(md, head_dim, partial=True),
-        "attention_bias": md.has_tensor("blk.0.attn_q.bias"),
+        "attention_bias": _biases(md, "attention_bias", ("attn_q", "attn_k", "attn_v")),
     }
+
+
+def _glm4_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's GLM-4 (0414): GLM's fields (`_glm_config`) with RMSNorms after attention and MLP too. M-RoPE
+    files (GLM-4V, whose q/k the converter permutes) and files with NextN prediction layers (GLM-OCR) are
+    refused."""
+    if md.get("rope.dimension_sections") is not None:
+        raise ValueError(f"{md.path}: a GLM-4 file with rope.dimension_sections (M-RoPE, GLM-4V) is not supported")
+    if md.get("nextn_predict_layers", 0):
+        raise ValueError(f"{md.path}: GLM-4 NextN prediction layers (nextn_predict_layers) are not supported")
+    return _glm_config(md)
 
 
 def _seed_oss_config(md: GGUFMetadata) -> dict[str, Any]:
@@ -404,6 +416,7 @@ GGUF_ARCHITECTURES = {
     ),
     "smollm3": GGUFArchitecture("smollm3", _smollm3_config, lambda config: LLAMA_TENSORS),
     "exaone4": GGUFArchitecture("exaone4", _exaone4_config, lambda config: {**EXAONE4_TENSORS, **ROPE_FACTORS}),
+    "chatglm": GGUFArchitecture("glm", _glm_config, lambda config: GLM_TENSORS),
     "glm4": GGUFArchitecture("glm4", _glm4_config, lambda config: GLM4_TENSORS),
     "hunyuan-dense": GGUFArchitecture("hunyuan_v1_dense", _hunyuan_dense_config, lambda config: HUNYUAN_TENSORS),
 }

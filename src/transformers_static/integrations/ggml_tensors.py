@@ -232,15 +232,14 @@ HUNYUAN_TENSORS = {
     **_blocks("model.layers", {"attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"}),
 }
 
-GLM4_TENSORS = {
+GLM_TENSORS = {
     **{name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"},
+    **_blocks("model.layers", {"ffn_up": "mlp.gate_up_proj"}),  # gate rows, then up rows
+}
+GLM4_TENSORS = {
+    **GLM_TENSORS,
     **_blocks(
-        "model.layers",
-        {
-            "post_attention_norm": "post_self_attn_layernorm",
-            "post_ffw_norm": "post_mlp_layernorm",
-            "ffn_up": "mlp.gate_up_proj",  # gate rows, then up rows
-        },
+        "model.layers", {"post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm"}
     ),
 }
 
