@@ -54,6 +54,7 @@ ARCHES = {
     "apertus": gguf.MODEL_ARCH.APERTUS,
     "jais2": gguf.MODEL_ARCH.JAIS2,
     "chatglm": gguf.MODEL_ARCH.CHATGLM,
+    "mpt": gguf.MODEL_ARCH.MPT,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.

@@ -236,6 +236,22 @@ def _chatglm_metadata(c: Any) -> dict[str, Any]:
     }
 
 
+def _mpt_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's MPT converter: a 4 x d_model MLP, epsilon 1e-5, the clamp and the ALiBi bias of `attn_config`."""
+    metadata = {
+        "add_context_length": c.max_seq_len,
+        "add_embedding_length": c.d_model,
+        "add_block_count": c.n_layers,
+        "add_feed_forward_length": 4 * c.d_model,
+        "add_head_count": c.n_heads,
+        "add_layer_norm_eps": 1e-5,
+        "add_max_alibi_bias": c.attn_config.alibi_bias_max,
+    }
+    if c.attn_config.clip_qkv is not None:
+        metadata["add_clamp_kqv"] = c.attn_config.clip_qkv
+    return metadata
+
+
 def _stablelm_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's StableLM converter: LayerNorm keys, the rotated dims and the residual flag; no rope base."""
     return {
@@ -388,6 +404,14 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         dict(LLAMA, head_dim=8, layer_norm_eps=1e-4),
         _jais2_metadata,
         False,  # upstream: no GGUF JAIS-2
+    ),
+    # ALiBi, fused q/k/v clamped, no biases anywhere, the tied head
+    "mpt": (
+        "mpt",
+        transformers.MptForCausalLM,
+        dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=32, attn_config={"clip_qkv": 0.6}),
+        _mpt_metadata,
+        False,  # upstream: no GGUF MPT
     ),
     "qwen2": ("qwen2", transformers.Qwen2ForCausalLM, LLAMA, llama_metadata, True),
     "gemma": (
@@ -1030,6 +1054,16 @@ class GGUFErrorTest(TmpDirTestCase):
             ("glm4", {}, {"add_rope_dimension_sections": [2, 2, 2, 2]}, "M-RoPE, GLM-4V"),
             ("glm", {"blk.0.attn_qkv.weight": np.ones((128, 64), np.float32)}, {}, "ChatGLM2/3 file"),
             ("glm", {"blk.0.attn_k.bias": None}, {}, "biases to all of attn_q, attn_k, attn_v"),
+            ("mpt", {}, {"add_max_alibi_bias": 0.0}, "ALiBi max bias 0.0"),
+            ("mpt", {}, {"add_head_count": 3}, "3 heads, not a power of two"),
+            ("mpt", {}, {"add_feed_forward_length": 128}, "an MLP 128 wide"),
+            (
+                "mpt",
+                {"blk.0.attn_qkv.bias": np.ones(192, np.float32)},
+                {},
+                "blk.0.attn_qkv.bias \\(upstream's MPT has none",
+            ),
+            ("mpt", {}, {"add_head_count_kv": 2}, "2 key/value heads for 4"),
             ("glm4", {}, {"add_nextn_predict_layers": 1}, "NextN prediction layers"),
             ("starcoder", {}, {"add_head_count_kv": 2}, "one key/value head \\(multi-query\\) or one per head"),
             ("apertus", {"blk.0.attn_q_norm.bias": np.ones(16, np.float32)}, {}, "no q/k norm biases"),

@@ -1,5 +1,5 @@
 """GGUF configs of the LayerNorm families: GPT-2, StarCoder (GPT-BigCode), Falcon, Bloom, Phi-2, GPT-NeoX, StableLM,
-Phi-3, StarCoder2 and JAIS-2, as llama.cpp reads their metadata."""
+Phi-3, StarCoder2, JAIS-2 and MPT, as llama.cpp reads their metadata."""
 
 from __future__ import annotations
 
@@ -192,4 +192,42 @@ def _jais2_config(md: GGUFMetadata) -> dict[str, Any]:
         "hidden_act": "relu2",
         "attention_bias": True,
         "mlp_bias": True,
+    }
+
+
+MPT_ALIBI_BIAS_MAX = 8.0  # upstream's MPT computes its slopes with 8 alone
+
+
+def _mpt_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's MPT as upstream's: ALiBi with max bias 8 on a power-of-two head count (where llama.cpp's slopes,
+    Bloom's, equal MPT's), LayerNorms and projections without biases, a 4x-wide GELU MLP, fused q/k/v clamped at
+    `attention.clamp_kqv`. llama.cpp's GELU is the tanh approximation; this model keeps MPT's exact GELU, as
+    upstream does (they differ by at most 5e-4 per activation). What upstream's MPT lacks is refused: biases, q/k
+    LayerNorms, learned positions, grouped key/value heads, another ALiBi bias or none."""
+    heads, hidden = md["attention.head_count"], md["embedding_length"]
+    problems = [
+        f"{name} (upstream's MPT has none)"
+        for name in ("blk.0.attn_qkv.bias", "blk.0.attn_norm.bias", "blk.0.attn_q_norm.weight", "position_embd.weight")
+        if md.has_tensor(name)
+    ]
+    if md.get("attention.head_count_kv", heads) != heads:
+        problems.append(
+            f"{md['attention.head_count_kv']} key/value heads for {heads} (upstream's MPT has no grouping)"
+        )
+    if float(md.get("attention.max_alibi_bias", 0.0)) != MPT_ALIBI_BIAS_MAX:
+        problems.append(f"ALiBi max bias {md.get('attention.max_alibi_bias', 0.0)} (upstream's MPT: always 8)")
+    if heads & (heads - 1):
+        problems.append(f"{heads} heads, not a power of two (llama.cpp's ALiBi slopes then differ from MPT's)")
+    if md["feed_forward_length"] != 4 * hidden:
+        problems.append(f"an MLP {md['feed_forward_length']} wide (upstream's MPT: 4 x {hidden})")
+    if problems:
+        raise ValueError(f"{md.path}: MPT file not supported: {'; '.join(problems)}")
+    return {
+        **_common(md),
+        "d_model": hidden,
+        "n_heads": heads,
+        "n_layers": md["block_count"],
+        "max_seq_len": md["context_length"],
+        "layer_norm_epsilon": md["attention.layer_norm_epsilon"],
+        "attn_config": {"clip_qkv": md.get("attention.clamp_kqv"), "alibi": True, "alibi_bias_max": 8},
     }

@@ -232,6 +232,23 @@ HUNYUAN_TENSORS = {
     **_blocks("model.layers", {"attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"}),
 }
 
+MPT_TENSORS = {
+    "token_embd": "transformer.wte",
+    "output_norm": "transformer.norm_f",
+    "output": "lm_head",
+    **_blocks(
+        "transformer.blocks",
+        {
+            "attn_norm": "norm_1",
+            "attn_qkv": "attn.Wqkv",
+            "attn_output": "attn.out_proj",
+            "ffn_norm": "norm_2",
+            "ffn_up": "ffn.up_proj",
+            "ffn_down": "ffn.down_proj",
+        },
+    ),
+}
+
 GLM_TENSORS = {
     **{name: ours for name, ours in LLAMA_TENSORS.items() if name != "blk.ffn_gate"},
     **_blocks("model.layers", {"ffn_up": "mlp.gate_up_proj"}),  # gate rows, then up rows
