@@ -55,6 +55,7 @@ ARCHES = {
     "jais2": gguf.MODEL_ARCH.JAIS2,
     "chatglm": gguf.MODEL_ARCH.CHATGLM,
     "mpt": gguf.MODEL_ARCH.MPT,
+    "mistral3": gguf.MODEL_ARCH.MISTRAL3,
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.
@@ -92,7 +93,7 @@ def _falcon_groups_to_blocks(weights: np.ndarray, heads: int, kv_heads: int) -> 
 
 def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np.ndarray | None:
     """One checkpoint tensor as llama.cpp's converter stores it (None: dropped)."""
-    if arch in ("llama", "olmo", "granite", "arcee", "smollm3") and (
+    if arch in ("llama", "olmo", "granite", "arcee", "smollm3", "mistral3") and (
         ".q_proj." in name or ".k_proj." in name
     ):  # LlamaModel.permute
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads

@@ -236,6 +236,34 @@ def _chatglm_metadata(c: Any) -> dict[str, Any]:
     }
 
 
+def _yarn_metadata(c: Any) -> dict[str, Any]:
+    """The converter's YaRN keys: type, factor, pretraining length and (read by llama.cpp's Mistral 3 only) betas."""
+    rope = c.rope_parameters
+    return {
+        **llama_metadata(c),
+        "add_rope_scaling_type": gguf.RopeScalingType.YARN,
+        "add_rope_scaling_factor": rope["factor"],
+        "add_rope_scaling_orig_ctx_len": rope["original_max_position_embeddings"],
+        "add_rope_scaling_yarn_beta_fast": 8.0,  # llama.cpp's llama graph ignores it, and so do we
+    }
+
+
+def _ministral3_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's Ministral 3 converter: YaRN with its betas, the log multiplier (`mscale_all_dim`) and the query
+    temperature scale (`llama_4_scaling_beta`)."""
+    rope = c.rope_parameters
+    return {
+        **_yarn_metadata(c),
+        "add_key_length": c.head_dim,
+        "add_value_length": c.head_dim,
+        "add_rope_dimension_count": c.head_dim,
+        "add_rope_scaling_yarn_beta_fast": rope["beta_fast"],
+        "add_rope_scaling_yarn_beta_slow": rope["beta_slow"],
+        "add_rope_scaling_yarn_log_mul": rope["mscale_all_dim"],
+        "add_attn_temperature_scale": rope["llama_4_scaling_beta"],
+    }
+
+
 def _mpt_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's MPT converter: a 4 x d_model MLP, epsilon 1e-5, the clamp and the ALiBi bias of `attn_config`."""
     metadata = {
@@ -348,6 +376,17 @@ LLAMA3_ROPE = dict(
     high_freq_factor=8.0,
     original_max_position_embeddings=128,
 )
+MINISTRAL3_ROPE = dict(
+    rope_type="yarn",
+    rope_theta=10000.0,
+    factor=4.0,
+    original_max_position_embeddings=8,
+    beta_fast=16.0,
+    beta_slow=2.0,
+    mscale=1.0,
+    mscale_all_dim=0.7,
+    llama_4_scaling_beta=0.3,
+)
 LLAMA3_1_ROPE = dict(LLAMA3_ROPE, rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
 LLAMA3_1_ROPE["original_max_position_embeddings"] = 8192
 PHI3 = dict(LLAMA, bos_token_id=0, eos_token_id=0, pad_token_id=0)
@@ -412,6 +451,25 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=32, attn_config={"clip_qkv": 0.6}),
         _mpt_metadata,
         False,  # upstream: no GGUF MPT
+    ),
+    # YaRN as llama.cpp's llama graph reads it: factor and pretraining length (betas 32 and 1, whatever is written)
+    "llama_yarn": (
+        "llama",
+        transformers.LlamaForCausalLM,
+        dict(
+            LLAMA,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8),
+        ),
+        _yarn_metadata,
+        False,  # upstream's GGUF loader drops YaRN for llama files
+    ),
+    # YaRN with its betas and log multiplier, Llama 4's query scaling by position (floor(pos / 8): it bites at 8)
+    "ministral3": (
+        "mistral3",
+        transformers.Ministral3ForCausalLM,
+        dict(LLAMA, head_dim=16, rope_parameters=MINISTRAL3_ROPE),
+        _ministral3_metadata,
+        False,  # upstream: no GGUF Ministral 3
     ),
     "qwen2": ("qwen2", transformers.Qwen2ForCausalLM, LLAMA, llama_metadata, True),
     "gemma": (
@@ -1055,6 +1113,7 @@ class GGUFErrorTest(TmpDirTestCase):
             ("glm", {"blk.0.attn_qkv.weight": np.ones((128, 64), np.float32)}, {}, "ChatGLM2/3 file"),
             ("glm", {"blk.0.attn_k.bias": None}, {}, "biases to all of attn_q, attn_k, attn_v"),
             ("mpt", {}, {"add_max_alibi_bias": 0.0}, "ALiBi max bias 0.0"),
+            ("ministral3", {"blk.0.ffn_gate_inp.weight": np.ones((4, 64), np.float32)}, {}, "no blk.0.ffn_gate_inp"),
             ("mpt", {}, {"add_head_count": 3}, "3 heads, not a power of two"),
             ("mpt", {}, {"add_feed_forward_length": 128}, "an MLP 128 wide"),
             (

@@ -1,5 +1,5 @@
 """GGUF rope scaling read as llama.cpp reads it: `rope.scaling.type` defaults to linear, the factor is
-`rope.scaling.factor` or the older `rope.scale_linear`, type none never scales, other types are refused. Upstream
+`rope.scaling.factor` or the older `rope.scale_linear`, type none never scales, YaRN is read (tests/test_gguf.py), other types are refused. Upstream
 transformers ignores these keys, so the reference is our own model loaded from safetensors with the linear scaling
 stated in its config."""
 
@@ -71,7 +71,9 @@ def test_type_none_never_scales(linear_checkpoint, tmp_path) -> None:
 
 def test_other_scaling_types_are_refused(linear_checkpoint, tmp_path) -> None:
     checkpoint, config = linear_checkpoint
-    scaling = {"add_rope_scaling_type": gguf.RopeScalingType.YARN, "add_rope_scaling_factor": FACTOR}
+    scaling = {"add_rope_scaling_type": gguf.RopeScalingType.LONGROPE, "add_rope_scaling_factor": FACTOR}
     path = _write(tmp_path, checkpoint, config, scaling)
-    with pytest.raises(ValueError, match=r"rope scaling 'yarn' is not supported \(supported: none, linear\)"):
+    with pytest.raises(
+        ValueError, match=r"rope scaling 'longrope' is not supported \(supported: none, linear, yarn\)"
+    ):
         load_gguf_config_dict(path)

@@ -368,6 +368,7 @@ TENSOR_PROCESSORS: dict[str, Callable[[str, str, torch.Tensor, dict[str, Any]], 
     "nemotron": _nemotron,
     "stablelm": _stablelm,
     "arcee": _llama,
+    "mistral3": _llama,
     "smollm3": _llama,
 }
 

@@ -132,6 +132,24 @@ def _mistral_config(md: GGUFMetadata) -> dict[str, Any]:
     return {**_rotary_decoder(md), "sliding_window": None}
 
 
+def _mistral3_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Mistral 3 (Ministral 3 text): Llama's blocks (q/k rows permuted by the converter), YaRN read with
+    its betas and log multiplier, and Llama 4's query scaling by position, `1 + beta ln(1 + floor(pos / original))`
+    with beta `attention.temperature_scale` (0 or none: no scaling) over the YaRN pretraining length. Biases and
+    experts (Mistral 4, a DeepSeek-V2 graph) are refused: upstream's Ministral 3 has neither."""
+    for name in ("blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.0.ffn_gate_inp.weight"):
+        if md.has_tensor(name):
+            raise ValueError(f"{md.path}: upstream's Ministral 3 has no {name}; the file has one")
+    config = {**_rotary_decoder(md), "sliding_window": None}
+    rope = config["rope_parameters"]
+    beta = float(md.get("attention.temperature_scale", 0.0))
+    original = md.get("rope.scaling.original_context_length")
+    if beta and not original:
+        raise ValueError(f"{md.path}: attention.temperature_scale needs rope.scaling.original_context_length")
+    rope.update(llama_4_scaling_beta=beta, original_max_position_embeddings=original or md["context_length"])
+    return config
+
+
 def _qwen2_config(md: GGUFMetadata) -> dict[str, Any]:
     return {**_rotary_decoder(md), "use_sliding_window": False}
 
@@ -381,6 +399,7 @@ class GGUFArchitecture:
 GGUF_ARCHITECTURES = {
     "llama": GGUFArchitecture("llama", _llama_config, lambda config: {**LLAMA_TENSORS, **ROPE_FACTORS}),
     "mistral": GGUFArchitecture("mistral", _mistral_config, lambda config: {**LLAMA_TENSORS, **ROPE_FACTORS}),
+    "mistral3": GGUFArchitecture("ministral3", _mistral3_config, lambda config: {**LLAMA_TENSORS, **ROPE_FACTORS}),
     "qwen2": GGUFArchitecture("qwen2", _qwen2_config, lambda config: LLAMA_TENSORS),
     "gemma": GGUFArchitecture("gemma", _rotary_decoder, lambda config: LLAMA_TENSORS),
     "gemma2": GGUFArchitecture("gemma2", _gemma2_config, lambda config: GEMMA2_TENSORS),

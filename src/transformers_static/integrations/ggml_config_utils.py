@@ -42,14 +42,46 @@ def _rope_parameters(md: GGUFMetadata, head_dim: int, partial: bool) -> dict[str
     # and 0 (or neither key) means 1; type none never scales.
     scaling = md.get("rope.scaling.type", "linear")
     factor = float(md.get("rope.scaling.factor", md.get("rope.scale_linear", 0.0)))
-    if scaling not in ("none", "linear"):
-        raise ValueError(f"{md.path}: GGUF rope scaling {scaling!r} is not supported (supported: none, linear)")
+    if scaling not in ("none", "linear", "yarn"):
+        raise ValueError(f"{md.path}: GGUF rope scaling {scaling!r} is not supported (supported: none, linear, yarn)")
     if scaling == "linear" and factor not in (0.0, 1.0):
         params.update(rope_type="linear", factor=factor)
+    if scaling == "yarn" and factor > 1.0:
+        params.update(_yarn(md, factor))
     if md.has_tensor("rope_freqs.weight"):
         if params["rope_type"] != "default":
             raise ValueError(f"{md.path}: rope_freqs factors with {scaling} rope scaling are not supported")
         params = _llama3_rope(md, params, rotary_dims)
+    return params
+
+
+# The architectures whose llama.cpp loader reads YaRN's betas and log multiplier; the others take 32, 1 and none.
+YARN_KEYS_READ = ("mistral3",)
+
+
+def _yarn(md: GGUFMetadata, factor: float) -> dict[str, Any]:
+    """llama.cpp's YaRN as upstream's parameters. The ramp is the same (pretraining length
+    `rope.scaling.original_context_length`, else the context length; bounds from beta_fast / beta_slow rounded
+    outwards); so is the cos/sin scale: `0.1 ln(factor) + 1`, or with `rope.scaling.yarn_log_multiplier` m the ratio
+    of that at mscale 1 (llama.cpp's assumption) to that at m, which upstream says as `mscale` 1 and `mscale_all_dim`
+    m; times `rope.scaling.attn_factor`, which makes it an explicit `attention_factor`."""
+    reads = md.architecture in YARN_KEYS_READ
+    params: dict[str, Any] = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": md.get("rope.scaling.original_context_length") or md["context_length"],
+        "beta_fast": float(md.get("rope.scaling.yarn_beta_fast", 32.0)) if reads else 32.0,
+        "beta_slow": float(md.get("rope.scaling.yarn_beta_slow", 1.0)) if reads else 1.0,
+    }
+    log_mul = float(md.get("rope.scaling.yarn_log_multiplier", 0.0)) if reads else 0.0
+    if log_mul:
+        params.update(mscale=1.0, mscale_all_dim=log_mul)
+    attn_factor = float(md.get("rope.scaling.attn_factor", 1.0))
+    if attn_factor != 1.0:
+        mscale = 0.1 * math.log(factor) + 1.0
+        params["attention_factor"] = attn_factor * (
+            mscale / (0.1 * log_mul * math.log(factor) + 1.0) if log_mul else mscale
+        )
     return params
 
 
