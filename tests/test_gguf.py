@@ -1050,6 +1050,13 @@ class GGUFErrorTest(TmpDirTestCase):
         with self.assertRaisesRegex(ValueError, "GGUF architecture 'mamba' is not supported; supported .*llama"):
             AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
 
+    def test_architectures_llama_cpp_computes_otherwise_are_refused_with_the_reason(self) -> None:
+        for arch, reason in (("bitnet", "gates its MLP with SiLU"), ("gemma3n", "20 key/value layers")):
+            with self.subTest(arch=arch):
+                self.write(arch, {"token_embd.weight": torch.zeros(VOCAB, 32).numpy()}, {"add_block_count": 1})
+                with self.assertRaisesRegex(ValueError, f"GGUF architecture '{arch}' is not supported: .*{reason}"):
+                    AutoModelForCausalLM.from_pretrained(self.path("gguf"), gguf_file="model.gguf")
+
     def test_unsupported_ggml_type_is_named_before_loading(self) -> None:
         upstream = self.write_model_gguf("llama", config_kwargs=WIDE_LLAMA)
         tensors = gguf_tensors("llama", self.path("hf"), upstream.config)

@@ -444,12 +444,25 @@ GGUF_ARCHITECTURES = {
 }
 
 
+# llama.cpp architectures of model types we have, whose llama.cpp graph computes what upstream's model does not.
+REFUSED_GGUF_ARCHITECTURES = {
+    "bitnet": "llama.cpp's BitNet graph gates its MLP with SiLU whatever the checkpoint's activation; upstream's "
+    "BitNet (bitnet-b1.58-2B-4T) gates with ReLU²",
+    "gemma3n": "llama.cpp's Gemma 3n fixes 20 key/value layers, 4 AltUp inputs and Laurel rank 64, and its gaussian "
+    "top-k takes the sample standard deviation where upstream's takes the population one",
+}
+
+
 def gguf_architecture(md: GGUFMetadata) -> str:
     """The key of `GGUF_ARCHITECTURES` for a file: its `general.architecture`, except that a Llama-architecture
     file whose `general.name` says Mistral is a Mistral (llama.cpp converts Mistral models to `llama`)."""
     architecture = md.architecture
     if architecture == "llama" and "mistral" in str(md.fields.get("general.name", "")).lower():
         return "mistral"
+    if architecture in REFUSED_GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"{md.path}: GGUF architecture {architecture!r} is not supported: {REFUSED_GGUF_ARCHITECTURES[architecture]}"
+        )
     if architecture not in GGUF_ARCHITECTURES:
         raise ValueError(
             f"{md.path}: GGUF architecture {architecture!r} is not supported; supported GGUF architectures: "
