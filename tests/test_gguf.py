@@ -1120,6 +1120,12 @@ class GGUFErrorTest(TmpDirTestCase):
             ("glm", {"blk.0.attn_qkv.weight": np.ones((128, 64), np.float32)}, {}, "ChatGLM2/3 file"),
             ("glm", {"blk.0.attn_k.bias": None}, {}, "biases to all of attn_q, attn_k, attn_v"),
             ("mpt", {}, {"add_max_alibi_bias": 0.0}, "ALiBi max bias 0.0"),
+            (
+                "olmo3",
+                {},
+                {"add_rope_scaling_type": gguf.RopeScalingType.YARN, "add_rope_scaling_factor": 8.0},
+                "OLMo 3 files with YaRN",
+            ),
             ("ministral3", {"blk.0.ffn_gate_inp.weight": np.ones((4, 64), np.float32)}, {}, "no blk.0.ffn_gate_inp"),
             ("mpt", {}, {"add_head_count": 3}, "3 heads, not a power of two"),
             ("mpt", {}, {"add_feed_forward_length": 128}, "an MLP 128 wide"),

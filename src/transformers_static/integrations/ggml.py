@@ -181,13 +181,16 @@ def _olmo2_config(md: GGUFMetadata) -> dict[str, Any]:
     projections, full-width rotate-half rope. A positive `attention.sliding_window` makes the file an OLMo 3:
     sliding layers by `_swa_layer_types` (period 4 by default), attending to the last `sliding_window` keys and
     rotating with base `rope.freq_base_swa` (default `rope.freq_base`) unscaled; full layers take the file's rope
-    (linear scaling only here: a YaRN file, as OLMo 3's long-context ones, is refused by `_rope_parameters`)."""
+    (linear scaling only here: a YaRN file, as OLMo 3's long-context ones, is refused: llama.cpp scales the sliding
+    layers' cos/sin by YaRN's factor too)."""
     head_dim = _full_width_head_dim(md)
     config = {**_decoder(md), "rope_parameters": _rope_parameters(md, head_dim, partial=False)}
     window = md.get("attention.sliding_window", 0)
     if not window:
         return config
     full = config.pop("rope_parameters")
+    if full["rope_type"] == "yarn":  # llama.cpp keeps YaRN's cos/sin scale on the sliding layers; upstream does not
+        raise ValueError(f"{md.path}: OLMo 3 files with YaRN rope scaling (the long-context ones) are not supported")
     sliding = {"rope_type": "default", "rope_theta": float(md.get("rope.freq_base_swa", full["rope_theta"]))}
     return {
         **config,
