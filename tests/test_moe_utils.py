@@ -305,12 +305,16 @@ def test_grouped_top_k_refuses_groups_that_cannot_hold_top_k() -> None:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny float checkpoints saved by upstream: Mixtral (experts saved one matrix each) and gpt-oss (stacked)."""
+    """Tiny float checkpoints saved by upstream: Mixtral and Qwen2-MoE (experts saved one matrix each) and gpt-oss
+    (stacked)."""
     root = tmp_path_factory.mktemp("moe")
     shared = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     configs = {
         "mixtral": transformers.MixtralConfig(**shared, intermediate_size=48, num_local_experts=8),
         "gpt_oss": transformers.GptOssConfig(**shared, intermediate_size=24, head_dim=8, num_local_experts=8),
+        "qwen2_moe": transformers.Qwen2MoeConfig(
+            **shared, intermediate_size=64, moe_intermediate_size=48, shared_expert_intermediate_size=32, num_experts=8
+        ),
     }
     paths = {}
     for name, config in configs.items():
@@ -324,7 +328,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -340,7 +344,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         int8, scale = getattr(experts, weight), getattr(experts, f"{weight}_scale")
         assert int8.dtype == torch.int8 and int8.shape == getattr(float_experts, weight).shape
         assert scale.shape == (8, int8.shape[out_dim]) and scale.dtype == torch.float32
-    router = [p for n, p in model.named_parameters() if ".mlp." in n and "experts" not in n]
+    router = [p for n, p in model.named_parameters() if ".mlp." in n and "expert" not in n]
     assert router and all(p.dtype == torch.float32 for p in router)
     with torch.no_grad():
         expected, logits = float_model(ids).logits, model(ids).logits
@@ -350,6 +354,10 @@ def test_int8_quantizes_every_expert_per_output_channel(
     if name == "mixtral":
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight"].dtype == torch.int8
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight_scale"].shape == (48,)
+    elif name == "qwen2_moe":  # upstream's per-expert layout; the shared expert an Int8Linear of its own
+        assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
+        assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
+        assert saved["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -382,6 +390,19 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         "GptOssForCausalLM",
         dict(TP_SHARED, intermediate_size=24, head_dim=8, num_local_experts=8, sliding_window=5),
         {"attn": "eager", "graphs": False},
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            TP_SHARED,
+            intermediate_size=64,
+            moe_intermediate_size=24,
+            shared_expert_intermediate_size=32,
+            num_experts=8,
+            mlp_only_layers=[0],
+        ),
+        {"graphs": False},
     ),
 }
 

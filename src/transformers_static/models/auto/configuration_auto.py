@@ -68,6 +68,7 @@ CONFIG_MAPPING_NAMES = {
     "phi": "PhiConfig",
     "phi3": "Phi3Config",
     "qwen2": "Qwen2Config",
+    "qwen2_moe": "Qwen2MoeConfig",
     "qwen3": "Qwen3Config",
     "qwen3_5_text": "Qwen3_5TextConfig",
     "qwen3_moe": "Qwen3MoeConfig",

@@ -62,6 +62,7 @@ TOKENIZER_MAPPING_NAMES = {
     "phi": "GPT2Tokenizer",
     "phi3": "TokenizersBackend",
     "qwen2": "Qwen2Tokenizer",
+    "qwen2_moe": "Qwen2Tokenizer",
     "qwen3": "Qwen2Tokenizer",
     "qwen3_5_text": "Qwen3_5Tokenizer",
     "qwen3_moe": "Qwen2Tokenizer",
