@@ -305,8 +305,8 @@ def test_grouped_top_k_refuses_groups_that_cannot_hold_top_k() -> None:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny float checkpoints saved by upstream: Mixtral and Qwen2-MoE (experts saved one matrix each) and gpt-oss
-    (stacked)."""
+    """Tiny float checkpoints saved by upstream: Mixtral, Qwen2-MoE and OLMoE (experts saved one matrix each) and
+    gpt-oss (stacked)."""
     root = tmp_path_factory.mktemp("moe")
     shared = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     configs = {
@@ -315,6 +315,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen2_moe": transformers.Qwen2MoeConfig(
             **shared, intermediate_size=64, moe_intermediate_size=48, shared_expert_intermediate_size=32, num_experts=8
         ),
+        "olmoe": transformers.OlmoeConfig(**shared, intermediate_size=48, num_experts=8, clip_qkv=2.0),
     }
     paths = {}
     for name, config in configs.items():
@@ -328,7 +329,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -354,10 +355,11 @@ def test_int8_quantizes_every_expert_per_output_channel(
     if name == "mixtral":
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight"].dtype == torch.int8
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight_scale"].shape == (48,)
-    elif name == "qwen2_moe":  # upstream's per-expert layout; the shared expert an Int8Linear of its own
+    elif name in ("qwen2_moe", "olmoe"):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
-        assert saved["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
+        if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
+            assert saved["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -404,13 +406,21 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         ),
         {"graphs": False},
     ),
+    # q_proj and k_proj replicated (their norms span every head), each rank keeping its heads after the norms
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(TP_SHARED, intermediate_size=24, num_experts=8, clip_qkv=2.0, attention_bias=True),
+        {"graphs": False},
+    ),
 }
 
 
 class MoeTensorParallelTest(unittest.TestCase):
     """tp_plan="auto" on two gloo processes against one process (tests/tensor_parallel_worker.py): each expert's
     intermediate features split across the ranks, the routing replicated, the experts' sums all-reduced; gpt-oss's
-    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP."""
+    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, Qwen2-MoE's shared expert too;
+    OLMoE's q/k projections replicated for their whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:

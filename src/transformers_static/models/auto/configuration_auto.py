@@ -62,6 +62,7 @@ CONFIG_MAPPING_NAMES = {
     "olmo": "OlmoConfig",
     "olmo2": "Olmo2Config",
     "olmo3": "Olmo3Config",
+    "olmoe": "OlmoeConfig",
     "openai-gpt": "OpenAIGPTConfig",
     "opt": "OPTConfig",
     "persimmon": "PersimmonConfig",

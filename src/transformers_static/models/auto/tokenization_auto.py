@@ -56,6 +56,7 @@ TOKENIZER_MAPPING_NAMES = {
     "olmo": "GPTNeoXTokenizer",
     "olmo2": "TokenizersBackend",
     "olmo3": "TokenizersBackend",
+    "olmoe": "GPTNeoXTokenizer",
     "openai-gpt": "OpenAIGPTTokenizer",
     "opt": "GPT2Tokenizer",
     "persimmon": "TokenizersBackend",
