@@ -246,9 +246,12 @@ class MoeCausalLMMixin(CausalLMMixin):
     """`CausalLMMixin` for sparse models: with `output_router_logits` (default: the config's) the base model's router
     logits are returned with the auxiliary loss, and `router_aux_loss_coef` times it joins the loss when `labels`
     are given, as upstream. The aux loss skips the padding of a 2D `attention_mask` (its last q_len columns are
-    the queries'); given a 4D mask (or a dict of them), it counts every token."""
+    the queries'); given a 4D mask (or a dict of them), it counts every token. A model whose upstream head computes
+    no auxiliary loss (DeepSeek-V3's router family: GLM-4.5, dots1) sets `router_aux_loss = False`: its router
+    logits are still returned, `aux_loss` is None and the loss the language-model loss alone."""
 
     config: Any
+    router_aux_loss: ClassVar[bool] = True
 
     def forward(
         self,
@@ -278,7 +281,7 @@ class MoeCausalLMMixin(CausalLMMixin):
         logits = self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:])
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         aux_loss = None
-        if output_router_logits:
+        if output_router_logits and self.router_aux_loss:
             q_len = outputs.last_hidden_state.shape[1]
             padding = attention_mask[:, -q_len:] if _is_2d(attention_mask) else None
             top_k = self.config.num_experts_per_tok

@@ -34,6 +34,7 @@ CONFIG_MAPPING_NAMES = {
     "gemma4_unified_text": "Gemma4UnifiedTextConfig",
     "glm": "GlmConfig",
     "glm4": "Glm4Config",
+    "glm4_moe": "Glm4MoeConfig",
     "gpt2": "GPT2Config",
     "gpt_bigcode": "GPTBigCodeConfig",
     "gpt_neo": "GPTNeoConfig",

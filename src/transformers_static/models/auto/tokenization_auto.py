@@ -35,6 +35,7 @@ TOKENIZER_MAPPING_NAMES = {
     "gemma3n_text": "GemmaTokenizer",
     "glm": "TokenizersBackend",
     "glm4": "TokenizersBackend",
+    "glm4_moe": "TokenizersBackend",
     "gpt2": "GPT2Tokenizer",
     "gpt_bigcode": "TokenizersBackend",
     "gpt_neo": "GPT2Tokenizer",
