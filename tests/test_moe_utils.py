@@ -303,10 +303,24 @@ def test_grouped_top_k_refuses_groups_that_cannot_hold_top_k() -> None:
         moe_utils.grouped_top_k(scores, 2, n_group=4, topk_group=2, group_score="mean")
 
 
+# GLM-4.5: a dense first layer, then experts chosen from the best of two groups, two shared experts, q/k norms, biases
+GLM4_MOE = dict(
+    intermediate_size=48,
+    moe_intermediate_size=24,
+    n_routed_experts=8,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    n_shared_experts=2,
+    use_qk_norm=True,
+    attention_bias=True,
+)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny float checkpoints saved by upstream: Mixtral, Qwen2-MoE and OLMoE (experts saved one matrix each) and
-    gpt-oss (stacked)."""
+    """Tiny float checkpoints saved by upstream: Mixtral, Qwen2-MoE and OLMoE (experts saved one matrix each),
+    gpt-oss (stacked) and GLM-4.5 (one matrix each; a dense first layer, shared experts, a grouped sigmoid router)."""
     root = tmp_path_factory.mktemp("moe")
     shared = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     configs = {
@@ -316,6 +330,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             **shared, intermediate_size=64, moe_intermediate_size=48, shared_expert_intermediate_size=32, num_experts=8
         ),
         "olmoe": transformers.OlmoeConfig(**shared, intermediate_size=48, num_experts=8, clip_qkv=2.0),
+        "glm4_moe": transformers.Glm4MoeConfig(**shared, **GLM4_MOE),
     }
     paths = {}
     for name, config in configs.items():
@@ -329,7 +344,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -339,14 +354,18 @@ def test_int8_quantizes_every_expert_per_output_channel(
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
     float_model = AutoModelForCausalLM.from_pretrained(checkpoints[name])
     model = AutoModelForCausalLM.from_pretrained(checkpoints[name], quantization="int8")
-    experts, float_experts = model.model.layers[0].mlp.experts, float_model.model.layers[0].mlp.experts
+    sparse = 1 if name == "glm4_moe" else 0  # GLM-4.5's first layer is dense
+    experts, float_experts = model.model.layers[sparse].mlp.experts, float_model.model.layers[sparse].mlp.experts
     out_dim = 2 if experts.transposed else 1
     for weight in experts.stacked_weights:
         int8, scale = getattr(experts, weight), getattr(experts, f"{weight}_scale")
         assert int8.dtype == torch.int8 and int8.shape == getattr(float_experts, weight).shape
         assert scale.shape == (8, int8.shape[out_dim]) and scale.dtype == torch.float32
-    router = [p for n, p in model.named_parameters() if ".mlp." in n and "expert" not in n]
+    router = [p for n, p in model.named_parameters() if f".{sparse}.mlp." in n and "expert" not in n]
     assert router and all(p.dtype == torch.float32 for p in router)
+    if name == "glm4_moe":  # the shared experts are linear layers, quantized as every one; the correction stays
+        assert model.model.layers[1].mlp.shared_experts.up_proj.weight.dtype == torch.int8
+        assert model.model.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32
     with torch.no_grad():
         expected, logits = float_model(ids).logits, model(ids).logits
     assert (logits - expected).abs().max() < 0.05 * expected.abs().max()
@@ -360,6 +379,9 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
             assert saved["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
+    elif name == "glm4_moe":
+        assert saved["model.layers.1.mlp.experts.3.gate_proj.weight"].dtype == torch.int8
+        assert saved["model.layers.1.mlp.experts.3.down_proj.weight_scale"].shape == (32,)
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -413,14 +435,15 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         dict(TP_SHARED, intermediate_size=24, num_experts=8, clip_qkv=2.0, attention_bias=True),
         {"graphs": False},
     ),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(TP_SHARED, **GLM4_MOE), {"graphs": False}),
 }
 
 
 class MoeTensorParallelTest(unittest.TestCase):
     """tp_plan="auto" on two gloo processes against one process (tests/tensor_parallel_worker.py): each expert's
     intermediate features split across the ranks, the routing replicated, the experts' sums all-reduced; gpt-oss's
-    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, Qwen2-MoE's shared expert too;
-    OLMoE's q/k projections replicated for their whole-projection norms."""
+    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, Qwen2-MoE's shared expert and GLM-4.5's
+    shared experts too; OLMoE's q/k projections replicated for their whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:
