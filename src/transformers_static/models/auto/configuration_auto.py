@@ -23,6 +23,7 @@ CONFIG_MAPPING_NAMES = {
     "cwm": "CwmConfig",
     "diffllama": "DiffLlamaConfig",
     "doge": "DogeConfig",
+    "dots1": "Dots1Config",
     "ernie4_5": "Ernie4_5Config",
     "exaone4": "Exaone4Config",
     "falcon": "FalconConfig",
