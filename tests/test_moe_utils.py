@@ -315,12 +315,27 @@ GLM4_MOE = dict(
     use_qk_norm=True,
     attention_bias=True,
 )
+# dots.llm1: the same sparse layers on Qwen3's attention (q/k norms, four biases), its second layer windowed
+DOTS1 = dict(
+    intermediate_size=48,
+    moe_intermediate_size=24,
+    n_routed_experts=8,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    n_shared_experts=2,
+    first_k_dense_replace=1,
+    attention_bias=True,
+    sliding_window=5,
+    max_window_layers=1,
+)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny float checkpoints saved by upstream: Mixtral, Qwen2-MoE and OLMoE (experts saved one matrix each),
-    gpt-oss (stacked) and GLM-4.5 (one matrix each; a dense first layer, shared experts, a grouped sigmoid router)."""
+    gpt-oss (stacked), GLM-4.5 and dots.llm1 (one matrix each; a dense first layer, shared experts, a grouped sigmoid
+    router)."""
     root = tmp_path_factory.mktemp("moe")
     shared = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     configs = {
@@ -331,6 +346,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         "olmoe": transformers.OlmoeConfig(**shared, intermediate_size=48, num_experts=8, clip_qkv=2.0),
         "glm4_moe": transformers.Glm4MoeConfig(**shared, **GLM4_MOE),
+        "dots1": transformers.Dots1Config(**shared, **DOTS1),
     }
     paths = {}
     for name, config in configs.items():
@@ -344,7 +360,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -354,7 +370,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
     float_model = AutoModelForCausalLM.from_pretrained(checkpoints[name])
     model = AutoModelForCausalLM.from_pretrained(checkpoints[name], quantization="int8")
-    sparse = 1 if name == "glm4_moe" else 0  # GLM-4.5's first layer is dense
+    sparse = 1 if name in ("glm4_moe", "dots1") else 0  # their first layer is dense
     experts, float_experts = model.model.layers[sparse].mlp.experts, float_model.model.layers[sparse].mlp.experts
     out_dim = 2 if experts.transposed else 1
     for weight in experts.stacked_weights:
@@ -363,7 +379,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert scale.shape == (8, int8.shape[out_dim]) and scale.dtype == torch.float32
     router = [p for n, p in model.named_parameters() if f".{sparse}.mlp." in n and "expert" not in n]
     assert router and all(p.dtype == torch.float32 for p in router)
-    if name == "glm4_moe":  # the shared experts are linear layers, quantized as every one; the correction stays
+    if name in ("glm4_moe", "dots1"):  # the shared experts are linear layers, quantized as every one; the bias stays
         assert model.model.layers[1].mlp.shared_experts.up_proj.weight.dtype == torch.int8
         assert model.model.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32
     with torch.no_grad():
@@ -379,7 +395,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
             assert saved["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
-    elif name == "glm4_moe":
+    elif name in ("glm4_moe", "dots1"):
         assert saved["model.layers.1.mlp.experts.3.gate_proj.weight"].dtype == torch.int8
         assert saved["model.layers.1.mlp.experts.3.down_proj.weight_scale"].shape == (32,)
     else:
@@ -436,6 +452,7 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         {"graphs": False},
     ),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(TP_SHARED, **GLM4_MOE), {"graphs": False}),
+    "dots1": ("Dots1Config", "Dots1ForCausalLM", dict(TP_SHARED, **DOTS1), {"graphs": False}),
 }
 
 
@@ -443,7 +460,7 @@ class MoeTensorParallelTest(unittest.TestCase):
     """tp_plan="auto" on two gloo processes against one process (tests/tensor_parallel_worker.py): each expert's
     intermediate features split across the ranks, the routing replicated, the experts' sums all-reduced; gpt-oss's
     sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, Qwen2-MoE's shared expert and GLM-4.5's
-    shared experts too; OLMoE's q/k projections replicated for their whole-projection norms."""
+    and dots.llm1's shared experts too; OLMoE's q/k projections replicated for their whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:
