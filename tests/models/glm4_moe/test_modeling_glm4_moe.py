@@ -127,6 +127,12 @@ class Glm4MoeParityTest(CausalLMParityTests, unittest.TestCase):
                 layer.mlp.gate.e_score_correction_bias.zero_()
         self.assert_changes_logits(model)
 
+    def test_correction_bias_stays_float32_in_a_half_precision_model(self) -> None:
+        """As upstream's `_keep_in_fp32_modules_strict`: the router's weight takes the model dtype, its correction
+        bias (and so the expert choice) stays float32."""
+        gate = Glm4MoeForCausalLM.from_pretrained(self.tmpdir, dtype=torch.bfloat16).model.layers[1].mlp.gate
+        self.assertEqual((gate.weight.dtype, gate.e_score_correction_bias.dtype), (torch.bfloat16, torch.float32))
+
     def test_group_limit_matters(self) -> None:
         self.assert_changes_logits(Glm4MoeForCausalLM.from_pretrained(self.tmpdir, topk_group=4))
 
