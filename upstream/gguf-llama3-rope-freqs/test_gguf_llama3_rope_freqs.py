@@ -39,7 +39,12 @@ ROPE = {
 
 def llama3_divisors(rope: dict, dim: int) -> np.ndarray:
     """llama.cpp's `LlamaModel.generate_extra_tensors`: the divisor of each rotary pair's frequency."""
-    old, low, high, factor = rope["original_max_position_embeddings"], rope["low_freq_factor"], rope["high_freq_factor"], rope["factor"]
+    old, low, high, factor = (
+        rope["original_max_position_embeddings"],
+        rope["low_freq_factor"],
+        rope["high_freq_factor"],
+        rope["factor"],
+    )
     divisors = []
     for freq in 1.0 / (rope["rope_theta"] ** (np.arange(0, dim, 2) / dim)):
         wavelength = 2 * math.pi / freq
@@ -55,7 +60,11 @@ def llama3_divisors(rope: dict, dim: int) -> np.ndarray:
 
 def permute(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's `LlamaModel.permute` of q/k rows."""
-    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def write_llama_gguf(path: str, checkpoint_dir: str, config: LlamaConfig) -> None:
