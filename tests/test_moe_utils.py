@@ -347,6 +347,17 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "olmoe": transformers.OlmoeConfig(**shared, intermediate_size=48, num_experts=8, clip_qkv=2.0),
         "glm4_moe": transformers.Glm4MoeConfig(**shared, **GLM4_MOE),
         "dots1": transformers.Dots1Config(**shared, **DOTS1),
+        "ernie4_5_moe": transformers.Ernie4_5_MoeConfig(
+            **shared,
+            intermediate_size=48,
+            moe_intermediate_size=24,
+            moe_num_experts=8,
+            moe_k=2,
+            moe_num_shared_experts=1,
+            moe_layer_start_index=0,
+            use_bias=True,
+            pad_token_id=None,  # upstream's 0 is among the random prompt's tokens
+        ),
     }
     paths = {}
     for name, config in configs.items():
@@ -360,7 +371,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -398,6 +409,11 @@ def test_int8_quantizes_every_expert_per_output_channel(
     elif name in ("glm4_moe", "dots1"):
         assert saved["model.layers.1.mlp.experts.3.gate_proj.weight"].dtype == torch.int8
         assert saved["model.layers.1.mlp.experts.3.down_proj.weight_scale"].shape == (32,)
+    elif name == "ernie4_5_moe":  # the correction bias and the router stay float, the shared experts are int8
+        assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
+        assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (24,)
+        assert saved["model.layers.0.mlp.moe_statics.e_score_correction_bias"].dtype == torch.float32
+        assert saved["model.layers.0.mlp.shared_experts.up_proj.weight"].dtype == torch.int8
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -453,6 +469,12 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
     ),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(TP_SHARED, **GLM4_MOE), {"graphs": False}),
     "dots1": ("Dots1Config", "Dots1ForCausalLM", dict(TP_SHARED, **DOTS1), {"graphs": False}),
+    "ernie4_5_moe": (  # dense then sparse, shared experts, biases everywhere (the head's split by vocabulary)
+        "Ernie4_5_MoeConfig",
+        "Ernie4_5_MoeForCausalLM",
+        dict(TP_SHARED, intermediate_size=64, moe_intermediate_size=24, moe_num_experts=8, moe_k=2, use_bias=True),
+        {"graphs": False},
+    ),
 }
 
 

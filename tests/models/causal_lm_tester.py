@@ -313,6 +313,9 @@ class CausalLMParityTests:
         torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=0)
         for name, param in theirs.named_parameters(remove_duplicate=False):
             grad = ours.get_parameter(name).grad
+            if param.grad is None:  # used for a choice only (Ernie 4.5 MoE's correction bias): no gradient
+                self.assertIsNone(grad, name)
+                continue
             self.assertIsNotNone(grad, name)
             scale = param.grad.abs().max().item()
             torch.testing.assert_close(grad, param.grad, atol=1e-4 * scale + 1e-7, rtol=1e-3, msg=name)

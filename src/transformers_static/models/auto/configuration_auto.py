@@ -25,6 +25,7 @@ CONFIG_MAPPING_NAMES = {
     "doge": "DogeConfig",
     "dots1": "Dots1Config",
     "ernie4_5": "Ernie4_5Config",
+    "ernie4_5_moe": "Ernie4_5_MoeConfig",
     "exaone4": "Exaone4Config",
     "falcon": "FalconConfig",
     "gemma": "GemmaConfig",

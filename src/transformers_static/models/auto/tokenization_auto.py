@@ -29,6 +29,7 @@ TOKENIZER_MAPPING_NAMES = {
     "cohere2": "CohereTokenizer",
     "ctrl": "CTRLTokenizer",
     "ernie4_5": "TokenizersBackend",
+    "ernie4_5_moe": "TokenizersBackend",
     "gemma": "GemmaTokenizer",
     "gemma2": "GemmaTokenizer",
     "gemma3_text": "GemmaTokenizer",
@@ -75,6 +76,7 @@ TOKENIZER_MAPPING_NAMES = {
 # Model types whose Hub tokenizer_class upstream overrides with the registered class.
 MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {
     "ernie4_5",
+    "ernie4_5_moe",
     "hyperclovax",
     "internlm3",
     "iquestcoder",
