@@ -333,9 +333,9 @@ DOTS1 = dict(
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny float checkpoints saved by upstream: Mixtral, Qwen2-MoE and OLMoE (experts saved one matrix each),
-    gpt-oss (stacked), GLM-4.5 and dots.llm1 (one matrix each; a dense first layer, shared experts, a grouped sigmoid
-    router)."""
+    """Tiny float checkpoints saved by upstream: gpt-oss's experts stacked, the others' one matrix each (Mixtral,
+    Qwen2-MoE, OLMoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE: dense first layers, shared experts, grouped or
+    biased routers among them)."""
     root = tmp_path_factory.mktemp("moe")
     shared = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     configs = {
@@ -358,6 +358,11 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             use_bias=True,
             pad_token_id=None,  # upstream's 0 is among the random prompt's tokens
         ),
+        # top-1: with top-2, int8's rounding flips one token's second expert at this seed (a near-tie), past the
+        # logit tolerance below
+        "hunyuan_v1_moe": transformers.HunYuanMoEV1Config(
+            **shared, intermediate_size=24, head_dim=8, num_experts=8, moe_topk=1, pad_token_id=None
+        ),
     }
     paths = {}
     for name, config in configs.items():
@@ -371,7 +376,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe"])
+@pytest.mark.parametrize(
+    "name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
+)
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -389,6 +396,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert int8.dtype == torch.int8 and int8.shape == getattr(float_experts, weight).shape
         assert scale.shape == (8, int8.shape[out_dim]) and scale.dtype == torch.float32
     router = [p for n, p in model.named_parameters() if f".{sparse}.mlp." in n and "expert" not in n]
+    router = [p for n, p in model.named_parameters() if ".mlp." in n and "experts" not in n and "shared" not in n]
     assert router and all(p.dtype == torch.float32 for p in router)
     if name in ("glm4_moe", "dots1"):  # the shared experts are linear layers, quantized as every one; the bias stays
         assert model.model.layers[1].mlp.shared_experts.up_proj.weight.dtype == torch.int8
@@ -414,6 +422,10 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (24,)
         assert saved["model.layers.0.mlp.moe_statics.e_score_correction_bias"].dtype == torch.float32
         assert saved["model.layers.0.mlp.shared_experts.up_proj.weight"].dtype == torch.int8
+    elif name == "hunyuan_v1_moe":  # the router (no linear layer) stays float32, the shared MLP is int8
+        assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
+        assert saved["model.layers.0.mlp.gate.wg.weight"].dtype == torch.float32
+        assert saved["model.layers.0.mlp.shared_mlp.up_proj.weight"].dtype == torch.int8
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -475,14 +487,21 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         dict(TP_SHARED, intermediate_size=64, moe_intermediate_size=24, moe_num_experts=8, moe_k=2, use_bias=True),
         {"graphs": False},
     ),
+    "hunyuan_v1_moe": (  # the shared MLP split as a dense one, per-head q/k norms, top-k per layer
+        "HunYuanMoEV1Config",
+        "HunYuanMoEV1ForCausalLM",
+        dict(TP_SHARED, intermediate_size=24, head_dim=8, num_experts=8, moe_topk=[2, 3], attention_bias=True),
+        {"graphs": False},
+    ),
 }
 
 
 class MoeTensorParallelTest(unittest.TestCase):
     """tp_plan="auto" on two gloo processes against one process (tests/tensor_parallel_worker.py): each expert's
     intermediate features split across the ranks, the routing replicated, the experts' sums all-reduced; gpt-oss's
-    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, Qwen2-MoE's shared expert and GLM-4.5's
-    and dots.llm1's shared experts too; OLMoE's q/k projections replicated for their whole-projection norms."""
+    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, and so are the shared experts
+    (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE); OLMoE's q/k projections replicated for their
+    whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:

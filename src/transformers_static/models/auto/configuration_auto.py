@@ -49,6 +49,7 @@ CONFIG_MAPPING_NAMES = {
     "helium": "HeliumConfig",
     "hrm_text": "HrmTextConfig",
     "hunyuan_v1_dense": "HunYuanDenseV1Config",
+    "hunyuan_v1_moe": "HunYuanMoEV1Config",
     "hyperclovax": "HyperCLOVAXConfig",
     "internlm3": "InternLM3Config",
     "iquestcoder": "IQuestCoderConfig",
