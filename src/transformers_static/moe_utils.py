@@ -195,6 +195,13 @@ def rename_in_checkpoint(module: nn.Module, name: str, checkpoint_name: str) -> 
     )
 
 
+def rename_tensor_in_checkpoint(module: nn.Module, name: str, checkpoint_name: str) -> None:
+    """Save and load `module`'s tensor `name` as `checkpoint_name` (GraniteMoe: `experts.gate_up_proj` is
+    `input_linear.weight` in its checkpoints), and its int8 scale `<name>_scale` as `<checkpoint_name>_scale`."""
+    module.register_state_dict_post_hook(functools.partial(_rename_keys, old=name, new=checkpoint_name))
+    module.register_load_state_dict_pre_hook(functools.partial(_rename_keys, old=checkpoint_name, new=name))
+
+
 def _rename_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any, old: str, new: str) -> None:
     for key in [k for k in state_dict if k.startswith(prefix + old)]:
         state_dict[prefix + new + key.removeprefix(prefix + old)] = state_dict.pop(key)
@@ -278,7 +285,7 @@ class MoeCausalLMMixin(CausalLMMixin):
             inputs_embeds=inputs_embeds,
             output_router_logits=output_router_logits,
         )
-        logits = self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:])
+        logits = self.scale_logits(self.lm_head(outputs.last_hidden_state[:, -logits_to_keep:]))
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         aux_loss = None
         if output_router_logits and self.router_aux_loss:

@@ -46,6 +46,7 @@ CONFIG_MAPPING_NAMES = {
     "gptj": "GPTJConfig",
     "granite": "GraniteConfig",
     "granite_swa": "GraniteSWAConfig",
+    "granitemoe": "GraniteMoeConfig",
     "helium": "HeliumConfig",
     "hrm_text": "HrmTextConfig",
     "hunyuan_v1_dense": "HunYuanDenseV1Config",

@@ -44,6 +44,7 @@ TOKENIZER_MAPPING_NAMES = {
     "gpt_neox_japanese": "GPTNeoXJapaneseTokenizer",
     "gptj": "GPT2Tokenizer",
     "granite": "TokenizersBackend",
+    "granitemoe": "TokenizersBackend",
     "hyperclovax": "TokenizersBackend",
     "internlm3": "TokenizersBackend",
     "iquestcoder": "TokenizersBackend",
