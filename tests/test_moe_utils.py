@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import operator
 import os
+import re
 import shutil
 import tempfile
 import unittest
@@ -362,6 +363,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         # logit tolerance below
         "hunyuan_v1_moe": transformers.HunYuanMoEV1Config(
             **shared, intermediate_size=24, head_dim=8, num_experts=8, moe_topk=1, pad_token_id=None
+        "granitemoe": transformers.GraniteMoeConfig(
+            **shared, intermediate_size=48, num_local_experts=8, logits_scaling=2.0
         ),
     }
     paths = {}
@@ -379,6 +382,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize(
     "name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
 )
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "granitemoe"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -390,6 +394,10 @@ def test_int8_quantizes_every_expert_per_output_channel(
     model = AutoModelForCausalLM.from_pretrained(checkpoints[name], quantization="int8")
     sparse = 1 if name in ("glm4_moe", "dots1") else 0  # their first layer is dense
     experts, float_experts = model.model.layers[sparse].mlp.experts, float_model.model.layers[sparse].mlp.experts
+    sparse, float_sparse = (
+        getattr(m.model.layers[0], "block_sparse_moe", None) or m.model.layers[0].mlp for m in (model, float_model)
+    )
+    experts, float_experts = sparse.experts, float_sparse.experts
     out_dim = 2 if experts.transposed else 1
     for weight in experts.stacked_weights:
         int8, scale = getattr(experts, weight), getattr(experts, f"{weight}_scale")
@@ -397,6 +405,9 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert scale.shape == (8, int8.shape[out_dim]) and scale.dtype == torch.float32
     router = [p for n, p in model.named_parameters() if f".{sparse}.mlp." in n and "expert" not in n]
     router = [p for n, p in model.named_parameters() if ".mlp." in n and "experts" not in n and "shared" not in n]
+    router = [
+        p for n, p in model.named_parameters() if re.search(r"\.(mlp|block_sparse_moe)\.", n) and "experts" not in n
+    ]
     assert router and all(p.dtype == torch.float32 for p in router)
     if name in ("glm4_moe", "dots1"):  # the shared experts are linear layers, quantized as every one; the bias stays
         assert model.model.layers[1].mlp.shared_experts.up_proj.weight.dtype == torch.int8
@@ -426,6 +437,10 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.gate.wg.weight"].dtype == torch.float32
         assert saved["model.layers.0.mlp.shared_mlp.up_proj.weight"].dtype == torch.int8
+    elif name == "granitemoe":  # upstream's stacked names, the scale beside its weight as Int8Linear names it
+        assert saved["model.layers.0.block_sparse_moe.input_linear.weight"].dtype == torch.int8
+        assert saved["model.layers.0.block_sparse_moe.input_linear.weight_scale"].shape == (8, 96)
+        assert saved["model.layers.0.block_sparse_moe.output_linear.weight_scale"].shape == (8, 32)
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -491,6 +506,10 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         "HunYuanMoEV1Config",
         "HunYuanMoEV1ForCausalLM",
         dict(TP_SHARED, intermediate_size=24, head_dim=8, num_experts=8, moe_topk=[2, 3], attention_bias=True),
+    "granitemoe": (  # experts saved stacked under upstream's names (input_linear, output_linear)
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        dict(TP_SHARED, intermediate_size=24, num_local_experts=8, logits_scaling=2.0, embedding_multiplier=3.0),
         {"graphs": False},
     ),
 }
