@@ -366,6 +366,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "granitemoe": transformers.GraniteMoeConfig(
             **shared, intermediate_size=48, num_local_experts=8, logits_scaling=2.0
         ),
+        "granitemoeshared": transformers.GraniteMoeSharedConfig(
+            **shared, intermediate_size=48, shared_intermediate_size=40, num_local_experts=8
+        ),
     }
     paths = {}
     for name, config in configs.items():
@@ -383,6 +386,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     "name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
 )
 @pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "granitemoe"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "granitemoe", "granitemoeshared"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -438,9 +442,13 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.gate.wg.weight"].dtype == torch.float32
         assert saved["model.layers.0.mlp.shared_mlp.up_proj.weight"].dtype == torch.int8
     elif name == "granitemoe":  # upstream's stacked names, the scale beside its weight as Int8Linear names it
+    elif name.startswith("granitemoe"):  # upstream's stacked names, the scale beside its weight as Int8Linear's
         assert saved["model.layers.0.block_sparse_moe.input_linear.weight"].dtype == torch.int8
         assert saved["model.layers.0.block_sparse_moe.input_linear.weight_scale"].shape == (8, 96)
         assert saved["model.layers.0.block_sparse_moe.output_linear.weight_scale"].shape == (8, 32)
+        if name == "granitemoeshared":  # the shared MLP's linear layers are Int8Linear
+            assert saved["model.layers.0.shared_mlp.input_linear.weight"].dtype == torch.int8
+            assert saved["model.layers.0.shared_mlp.input_linear.weight_scale"].shape == (80,)
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -510,6 +518,12 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         "GraniteMoeConfig",
         "GraniteMoeForCausalLM",
         dict(TP_SHARED, intermediate_size=24, num_local_experts=8, logits_scaling=2.0, embedding_multiplier=3.0),
+        {"graphs": False},
+    ),
+    "granitemoeshared": (  # the shared MLP's [gate | up] input_linear split half by half, output_linear by rows
+        "GraniteMoeSharedConfig",
+        "GraniteMoeSharedForCausalLM",
+        dict(TP_SHARED, intermediate_size=24, shared_intermediate_size=40, num_local_experts=8, logits_scaling=2.0),
         {"graphs": False},
     ),
 }

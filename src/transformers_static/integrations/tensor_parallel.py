@@ -264,8 +264,10 @@ def _colwise_qkv_blocks(module: nn.Module, config: PretrainedConfig, tp: TensorP
 
 
 def _colwise_gate_up(module: nn.Module, config: PretrainedConfig, tp: TensorParallel) -> Split:
+    """The halves of the module's own width (Phi-3's `2 * intermediate_size`, GraniteMoeShared's shared MLP's
+    `2 * shared_intermediate_size`), each split evenly."""
     half = module.out_features // 2
-    _check_width(module, 2 * config.intermediate_size, "[gate | up] halves")
+    _check_width(module, 2 * half, "[gate | up] halves")  # an odd width has no halves
     ((start, stop),) = _even(half, tp)
     return Split(out=((start, stop), (half + start, half + stop)))
 

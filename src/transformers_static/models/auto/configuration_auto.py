@@ -47,6 +47,7 @@ CONFIG_MAPPING_NAMES = {
     "granite": "GraniteConfig",
     "granite_swa": "GraniteSWAConfig",
     "granitemoe": "GraniteMoeConfig",
+    "granitemoeshared": "GraniteMoeSharedConfig",
     "helium": "HeliumConfig",
     "hrm_text": "HrmTextConfig",
     "hunyuan_v1_dense": "HunYuanDenseV1Config",

@@ -45,6 +45,7 @@ TOKENIZER_MAPPING_NAMES = {
     "gptj": "GPT2Tokenizer",
     "granite": "TokenizersBackend",
     "granitemoe": "TokenizersBackend",
+    "granitemoeshared": "TokenizersBackend",
     "hyperclovax": "TokenizersBackend",
     "internlm3": "TokenizersBackend",
     "iquestcoder": "TokenizersBackend",
