@@ -47,6 +47,7 @@ CONFIG_MAPPING_NAMES = {
     "granite": "GraniteConfig",
     "granite_swa": "GraniteSWAConfig",
     "granitemoe": "GraniteMoeConfig",
+    "granitemoe_swa": "GraniteMoeSWAConfig",
     "granitemoeshared": "GraniteMoeSharedConfig",
     "helium": "HeliumConfig",
     "hrm_text": "HrmTextConfig",
