@@ -369,6 +369,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "granitemoeshared": transformers.GraniteMoeSharedConfig(
             **shared, intermediate_size=48, shared_intermediate_size=40, num_local_experts=8
         ),
+        "granitemoe_swa": transformers.GraniteMoeSWAConfig(
+            **shared, intermediate_size=48, num_local_experts=8, sliding_window=3
+        ),
     }
     paths = {}
     for name, config in configs.items():
@@ -387,6 +390,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 )
 @pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "granitemoe"])
 @pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "granitemoe", "granitemoeshared"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "granitemoe", "granitemoeshared", "granitemoe_swa"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -443,12 +447,18 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.shared_mlp.up_proj.weight"].dtype == torch.int8
     elif name == "granitemoe":  # upstream's stacked names, the scale beside its weight as Int8Linear names it
     elif name.startswith("granitemoe"):  # upstream's stacked names, the scale beside its weight as Int8Linear's
+    elif name in (
+        "granitemoe",
+        "granitemoeshared",
+    ):  # upstream's stacked names, the scale beside its weight as Int8Linear's
         assert saved["model.layers.0.block_sparse_moe.input_linear.weight"].dtype == torch.int8
         assert saved["model.layers.0.block_sparse_moe.input_linear.weight_scale"].shape == (8, 96)
         assert saved["model.layers.0.block_sparse_moe.output_linear.weight_scale"].shape == (8, 32)
         if name == "granitemoeshared":  # the shared MLP's linear layers are Int8Linear
             assert saved["model.layers.0.shared_mlp.input_linear.weight"].dtype == torch.int8
             assert saved["model.layers.0.shared_mlp.input_linear.weight_scale"].shape == (80,)
+    elif name == "granitemoe_swa":  # stacked under their own names, as upstream saves this type
+        assert saved["model.layers.0.block_sparse_moe.experts.gate_up_proj_scale"].shape == (8, 96)
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -525,6 +535,12 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         "GraniteMoeSharedForCausalLM",
         dict(TP_SHARED, intermediate_size=24, shared_intermediate_size=40, num_local_experts=8, logits_scaling=2.0),
         {"graphs": False},
+    ),
+    "granitemoe_swa": (  # sinks split with their heads, a shared MLP, sliding and full layers
+        "GraniteMoeSWAConfig",
+        "GraniteMoeSWAForCausalLM",
+        dict(TP_SHARED, intermediate_size=24, shared_intermediate_size=16, num_local_experts=8, sliding_window=3),
+        {"attn": "eager", "graphs": False},
     ),
 }
 
