@@ -337,6 +337,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny float checkpoints saved by upstream: gpt-oss's experts stacked, the others' one matrix each (Mixtral,
     Qwen2-MoE, OLMoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE: dense first layers, shared experts, grouped or
     biased routers among them)."""
+    """Tiny float checkpoints saved by upstream: Mixtral, Qwen2-MoE, OLMoE and FlexOlmo (experts saved one matrix each) and
+    gpt-oss (stacked)."""
     root = tmp_path_factory.mktemp("moe")
     shared = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     configs = {
@@ -372,6 +374,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         "granitemoe_swa": transformers.GraniteMoeSWAConfig(
             **shared, intermediate_size=48, num_local_experts=8, sliding_window=3
+        "flex_olmo": transformers.FlexOlmoConfig(
+            **shared, intermediate_size=48, num_experts=8, pad_token_id=None, eos_token_id=2
         ),
     }
     paths = {}
@@ -391,6 +395,7 @@ INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "flex_olmo"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -425,7 +430,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
     if name == "mixtral":
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight"].dtype == torch.int8
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight_scale"].shape == (48,)
-    elif name in ("qwen2_moe", "olmoe"):  # upstream's per-expert layout
+    elif name in ("qwen2_moe", "olmoe", "flex_olmo"):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
@@ -536,6 +541,20 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         dict(TP_SHARED, intermediate_size=24, shared_intermediate_size=16, num_local_experts=8, sliding_window=3),
         {"attn": "eager", "graphs": False},
     ),
+    # OLMoE's plan (q_proj and k_proj replicated), heads of head_dim 12 (not hidden_size // heads), post-norms
+    "flex_olmo": (
+        "FlexOlmoConfig",
+        "FlexOlmoForCausalLM",
+        dict(
+            TP_SHARED,
+            intermediate_size=24,
+            num_experts=8,
+            head_dim=12,
+            attention_bias=True,
+            pad_token_id=None,  # FlexOlmo's default lies outside the tiny vocabulary
+        ),
+        {"graphs": False},
+    ),
 }
 
 
@@ -545,6 +564,8 @@ class MoeTensorParallelTest(unittest.TestCase):
     sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, and so are the shared experts
     (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE); OLMoE's q/k projections replicated for their
     whole-projection norms."""
+    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, Qwen2-MoE's shared expert too;
+    OLMoE's and FlexOlmo's q/k projections replicated for their whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:

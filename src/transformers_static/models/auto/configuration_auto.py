@@ -28,6 +28,7 @@ CONFIG_MAPPING_NAMES = {
     "ernie4_5_moe": "Ernie4_5_MoeConfig",
     "exaone4": "Exaone4Config",
     "falcon": "FalconConfig",
+    "flex_olmo": "FlexOlmoConfig",
     "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config",
     "gemma3_text": "Gemma3TextConfig",

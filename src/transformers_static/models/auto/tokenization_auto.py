@@ -30,6 +30,7 @@ TOKENIZER_MAPPING_NAMES = {
     "ctrl": "CTRLTokenizer",
     "ernie4_5": "TokenizersBackend",
     "ernie4_5_moe": "TokenizersBackend",
+    "flex_olmo": "TokenizersBackend",
     "gemma": "GemmaTokenizer",
     "gemma2": "GemmaTokenizer",
     "gemma3_text": "GemmaTokenizer",
