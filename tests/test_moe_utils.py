@@ -339,6 +339,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     biased routers among them)."""
     """Tiny float checkpoints saved by upstream: Mixtral, Qwen2-MoE, OLMoE and FlexOlmo (experts saved one matrix each) and
     gpt-oss (stacked)."""
+    """Tiny float checkpoints saved by upstream: Mixtral, Qwen2-MoE, OLMoE, FlexOlmo and MiniMax-M2 (experts saved one
+    matrix each) and gpt-oss (stacked)."""
     root = tmp_path_factory.mktemp("moe")
     shared = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     configs = {
@@ -377,6 +379,15 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "flex_olmo": transformers.FlexOlmoConfig(
             **shared, intermediate_size=48, num_experts=8, pad_token_id=None, eos_token_id=2
         ),
+        "minimax_m2": transformers.MiniMaxM2Config(
+            **shared,
+            intermediate_size=48,
+            num_local_experts=8,
+            head_dim=16,
+            rotary_dim=8,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
     }
     paths = {}
     for name, config in configs.items():
@@ -396,6 +407,7 @@ INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa"]
 
 @pytest.mark.parametrize("name", INT8_MOE)
 @pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "flex_olmo"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "flex_olmo", "minimax_m2"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -427,7 +439,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
     assert (logits - expected).abs().max() < 0.05 * expected.abs().max()
     model.save_pretrained(tmp_path)
     saved = load_file(tmp_path / "model.safetensors")
-    if name == "mixtral":
+    if name in ("mixtral", "minimax_m2"):
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight"].dtype == torch.int8
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight_scale"].shape == (48,)
     elif name in ("qwen2_moe", "olmoe", "flex_olmo"):  # upstream's per-expert layout
@@ -555,6 +567,13 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         ),
         {"graphs": False},
     ),
+    # OLMoE's plan (q_proj and k_proj replicated), the experts' choice bias replicated, rotary on 8 of 16 dims
+    "minimax_m2": (
+        "MiniMaxM2Config",
+        "MiniMaxM2ForCausalLM",
+        dict(TP_SHARED, intermediate_size=24, num_local_experts=8, head_dim=16, rotary_dim=8),
+        {"graphs": False},
+    ),
 }
 
 
@@ -565,7 +584,7 @@ class MoeTensorParallelTest(unittest.TestCase):
     (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE); OLMoE's q/k projections replicated for their
     whole-projection norms."""
     sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, Qwen2-MoE's shared expert too;
-    OLMoE's and FlexOlmo's q/k projections replicated for their whole-projection norms."""
+    OLMoE's, FlexOlmo's and MiniMax-M2's q/k projections replicated for their whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:
