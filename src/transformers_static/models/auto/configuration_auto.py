@@ -59,6 +59,7 @@ CONFIG_MAPPING_NAMES = {
     "iquestcoder": "IQuestCoderConfig",
     "jais2": "Jais2Config",
     "llama": "LlamaConfig",
+    "minimax_m2": "MiniMaxM2Config",
     "ministral": "MinistralConfig",
     "ministral3": "Ministral3Config",
     "mistral": "MistralConfig",
