@@ -376,6 +376,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         "granitemoe_swa": transformers.GraniteMoeSWAConfig(
             **shared, intermediate_size=48, num_local_experts=8, sliding_window=3
+        ),
         "flex_olmo": transformers.FlexOlmoConfig(
             **shared, intermediate_size=48, num_experts=8, pad_token_id=None, eos_token_id=2
         ),
@@ -402,12 +403,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 INT8_MOE = ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
-INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa"]
+INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "flex_olmo"])
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "flex_olmo", "minimax_m2"])
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -581,10 +580,8 @@ class MoeTensorParallelTest(unittest.TestCase):
     """tp_plan="auto" on two gloo processes against one process (tests/tensor_parallel_worker.py): each expert's
     intermediate features split across the ranks, the routing replicated, the experts' sums all-reduced; gpt-oss's
     sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, and so are the shared experts
-    (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE); OLMoE's q/k projections replicated for their
-    whole-projection norms."""
-    sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, Qwen2-MoE's shared expert too;
-    OLMoE's, FlexOlmo's and MiniMax-M2's q/k projections replicated for their whole-projection norms."""
+    (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE, the Granite MoEs); OLMoE's, FlexOlmo's and
+    MiniMax-M2's q/k projections replicated for their whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:
