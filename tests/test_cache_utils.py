@@ -304,3 +304,36 @@ def test_per_row_cache_position_needs_a_static_cache_and_the_batch() -> None:
     with pytest.raises(ValueError, match="cache_position reaches 4, past the StaticCache's max_cache_len 4"):
         model(ids, past_key_values=cache, cache_position=torch.tensor([[0], [4]]))
     assert cache.key_cache[0].abs().sum() == 0  # refused before any write
+
+
+class _KeyOnlyConfig(LlamaConfig):
+    """Latent attention's layout: one key "head" of 6 per token and layer, no value slots (value width 0)."""
+
+    def kv_cache_shape(self, layer_idx: int) -> tuple[int, int, int]:
+        return 1, 6, 0
+
+
+def test_a_key_only_layer_keeps_no_value_slots() -> None:
+    config = _KeyOnlyConfig(hidden_size=16, num_attention_heads=4, num_hidden_layers=2)
+    static = StaticCache(config, max_batch_size=2, max_cache_len=5)
+    assert [tuple(k.shape) for k in static.key_cache] == [(2, 1, 5, 6)] * 2 and static.value_cache == [None, None]
+    key = torch.arange(12.0).view(1, 1, 2, 6)
+    keys, values = static.update(key, None, 1, torch.tensor([1, 3]))
+    assert values is None and keys.shape == (1, 1, 5, 6) and keys.data_ptr() == static.key_cache[1].data_ptr()
+    assert torch.equal(keys[0, 0, [1, 3]], key[0, 0]) and not keys[0, 0, [0, 2, 4]].any()
+    per_row, _ = static.update(key.expand(2, -1, -1, -1), None, 0, torch.tensor([[0, 1], [2, 3]]))  # [batch, q_len]
+    assert torch.equal(per_row[1, 0, [2, 3]], key[0, 0])
+    rows, values = static.rows(torch.tensor([1])).update(key[:, :, :1], None, 0, torch.tensor([4]))
+    assert values is None and rows.shape == (1, 1, 5, 6) and torch.equal(static.key_cache[0][1, 0, 4], key[0, 0, 0])
+    static.reset()
+    assert not any(k.any() for k in static.key_cache)
+    dynamic = DynamicCache()
+    dynamic.update(key, None, 0, torch.arange(2))
+    keys, values = dynamic.update(key[:, :, :1], None, 0, torch.tensor([2]))
+    assert values is None and keys.shape == (1, 1, 3, 6) and dynamic.get_seq_length() == 3
+
+
+def test_layers_with_keys_and_values_keep_both_slots() -> None:
+    """A `(kv_heads, head_dim)` layer (every model but latent attention's) keeps equal key and value slots."""
+    cache = StaticCache(CONFIG, max_batch_size=1, max_cache_len=3)
+    assert [tuple(v.shape) for v in cache.value_cache] == [(1, 2, 3, 4)] * 2

@@ -3,9 +3,9 @@
     fn(module, query, key, value, attention_mask, scaling, dropout, softcap, sinks)
         -> (attn_output, attn_weights | None)
 
-query `[batch, heads, q_len, head_dim]`, key/value `[batch, kv_heads, kv_len, head_dim]`, attention_mask
-`[batch, 1, q_len, kv_len]` (bool, True = attend, or additive float) made by AttentionMaskConverter.
-attn_output is `[batch, q_len, heads, head_dim]`. Grouped key/value heads are shared by grouping the queries (no
+query `[batch, heads, q_len, head_dim]`, key/value `[batch, kv_heads, kv_len, head_dim]` (the value's head_dim may
+differ: latent attention's value is a slice of its key), attention_mask `[batch, 1, q_len, kv_len]` (bool, True =
+attend, or additive float) made by AttentionMaskConverter. attn_output is `[batch, q_len, heads, value head_dim]`. Grouped key/value heads are shared by grouping the queries (no
 copy of the cache per step). `softcap`
 (Gemma2) squashes scores to `tanh(s / cap) * cap` before the mask; `sinks` `[heads]` (gpt-oss) adds one learned
 logit per head to each query's softmax, a column dropped after it (mass that goes to no value). Only the eager
@@ -113,7 +113,7 @@ def decode_attention(
     scores = masked_scores(scores, group_mask(attention_mask, kv_heads, n_rep), softcap)
     weights = softmax_with_sinks(scores, sinks, q_len=1)  # [batch, kv_heads, n_rep, kv_len]
     attn_output = (weights[..., None] * value.float()[:, :, None]).sum(-2)  # [batch, kv_heads, n_rep, head_dim]
-    attn_output = attn_output.reshape(batch, 1, heads, head_dim).to(query.dtype)
+    attn_output = attn_output.reshape(batch, 1, heads, value.shape[-1]).to(query.dtype)
     return attn_output, weights.reshape(batch, heads, 1, kv_len).to(query.dtype)
 
 
@@ -139,7 +139,7 @@ def eager_attention(
     scores = masked_scores(scores, group_mask(attention_mask, kv_heads, heads // kv_heads), softcap)
     weights = softmax_with_sinks(scores, sinks, q_len).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
-    attn_output = torch.matmul(weights, value).reshape(batch, heads, q_len, head_dim)
+    attn_output = torch.matmul(weights, value).reshape(batch, heads, q_len, value.shape[-1])
     return attn_output.transpose(1, 2).contiguous(), weights.reshape(batch, heads, q_len, -1)
 
 
@@ -176,7 +176,7 @@ def sdpa_attention(
         dropout_p=dropout if module.training else 0.0,
         scale=scaling,
     )  # [batch, kv_heads, n_rep * q_len, head_dim]
-    return attn_output.reshape(batch, heads, q_len, head_dim).transpose(1, 2).contiguous(), None
+    return attn_output.reshape(batch, heads, q_len, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 ATTENTION_FUNCTIONS: dict[str, AttentionFn] = {"eager": eager_attention, "sdpa": sdpa_attention}

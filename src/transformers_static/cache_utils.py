@@ -13,7 +13,8 @@ Per-row positions (a server's slots, each row a request at its own length): `cac
 row). Per-row positions need full-length slots: a cache with sliding-window rings refuses them.
 
 Layers differ: a config may give a layer other key/value shapes, or none (`kv_cache_shape(layer_idx)`: a layer that
-reuses another layer's keys/values, a recurrent layer), and a recurrent layer keeps fixed-size states per row
+reuses another layer's keys/values, a recurrent layer), or keys only (`(kv_heads, key_dim, 0)`: latent attention, whose
+value is a slice of its key; `update(key, None, ...)` returns `(keys, None)`, and no value slots are allocated), and a recurrent layer keeps fixed-size states per row
 (`recurrent_state_shapes(layer_idx)`: e.g. a gated delta-net's convolution window and its recurrent state), read
 with `states(layer_idx)` and written back in place with `update_states` (see recurrent_utils).
 """
@@ -94,7 +95,7 @@ class DynamicCache(Cache):
         keys, values = self.key_cache[layer_idx], self.value_cache[layer_idx]
         if keys is not None:
             key_states = torch.cat([keys, key_states], dim=-2)
-            value_states = torch.cat([values, value_states], dim=-2)
+            value_states = None if value_states is None else torch.cat([values, value_states], dim=-2)
         self.key_cache[layer_idx], self.value_cache[layer_idx] = key_states, value_states
         return key_states, value_states
 
@@ -167,16 +168,18 @@ class StaticCache(Cache):
         }  # per ring kind: [slots], the cache position each slot holds (-1: never written)
         # per layer: its ring's window, None for full-length slots
         self.layer_windows = [self.ring_windows.get(attention_type(config, i)) for i in range(len(kv_shapes))]
-        # per layer: [max_batch_size, kv_heads, slots, head_dim], None for a layer without key/value slots
+        # per layer: [max_batch_size, kv_heads, slots, head_dim], None for a layer without key/value slots (values:
+        # also for a key-only layer)
         self.key_cache: list[torch.Tensor | None] = []
         self.value_cache: list[torch.Tensor | None] = []
         for window, kv_shape in zip(self.layer_windows, kv_shapes, strict=True):
             slots = max_cache_len if window is None else ring_slots(window, prefill_chunk_size)
-            for store in (self.key_cache, self.value_cache):
+            kv_heads, key_dim, value_dim = slot_dims(kv_shape) if kv_shape is not None else (0, 0, 0)
+            for store, dim in ((self.key_cache, key_dim), (self.value_cache, value_dim)):
                 store.append(
                     None
-                    if kv_shape is None
-                    else torch.zeros(max_batch_size, kv_shape[0], slots, kv_shape[1], dtype=dtype, device=device)
+                    if kv_shape is None or dim == 0
+                    else torch.zeros(max_batch_size, kv_heads, slots, dim, dtype=dtype, device=device)
                 )
         # per recurrent layer: its states by name, [max_batch_size, *shape]
         self.state_specs = {i: specs for i, specs in enumerate(recurrent_state_specs(config)) if specs}
@@ -303,46 +306,55 @@ class StaticCache(Cache):
 
 
 class StaticLayerCache:
-    """One layer's keys and values of a StaticCache `[max_batch_size, kv_heads, slots, head_dim]`, and its ring's
-    window (None: full-length slots).
+    """One layer's keys and values of a StaticCache `[max_batch_size, kv_heads, slots, head_dim]` (values None for a
+    key-only layer: then `update_layer` takes and returns None for them), and its ring's window (None: full-length
+    slots).
 
     Attention reaches it without a layer index (`attention_forward`), so identical decoder layers handed their
     own slot compile to one shared body: a per-layer Python int would be a constant of each compiled graph."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, window: int | None = None) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor | None, window: int | None = None) -> None:
         self.keys, self.values, self.window = keys, values, window
 
     def update_layer(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_position: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, key_states: torch.Tensor, value_states: torch.Tensor | None, cache_position: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Write `[batch, kv_heads, q_len, head_dim]` at `cache_position` (`[q_len]`, or `[batch, q_len]`: each
         row its own slots); return what attention sees: all slots of the batch's rows, or for a ring given more
         tokens than its room, the ring as it was then the new states."""
-        batch = key_states.shape[0]
-        keys, values = self.keys[:batch], self.values[:batch]  # [batch, kv_heads, slots, head_dim]
+        if self.values is None:  # a key-only layer
+            return self._update_one(self.keys, key_states, cache_position), None
+        return (
+            self._update_one(self.keys, key_states, cache_position),
+            self._update_one(self.values, value_states, cache_position),
+        )
+
+    def _update_one(self, held: torch.Tensor, states: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        """Write `states` `[batch, kv_heads, q_len, dim]` into `held` (the keys or the values) as `update_layer`
+        says; return what attention sees of them."""
+        held = held[: states.shape[0]]  # [batch, kv_heads, slots, dim]
+        states = states.to(held.dtype)
         if cache_position.dim() == 2:  # per row (full-length slots only: StaticCache refuses rings)
-            index = cache_position[:, None, :, None].expand_as(key_states)  # [batch, kv_heads, q_len, head_dim]
-            keys.scatter_(2, index, key_states.to(keys.dtype))
-            values.scatter_(2, index, value_states.to(values.dtype))
-            return keys, values
-        attended = keys, values
+            index = cache_position[:, None, :, None].expand_as(states)  # [batch, kv_heads, q_len, dim]
+            return held.scatter_(2, index, states)
+        attended = held
         if self.window is not None:  # a ring: cache position p lives in slot p % slots
-            slots = keys.shape[2]
-            if ring_overflows(slots, self.window, key_states.shape[2]):
-                attended = (
-                    torch.cat([keys, key_states.to(keys.dtype)], dim=2),
-                    torch.cat([values, value_states.to(values.dtype)], dim=2),
-                )  # [batch, kv_heads, slots + q_len, head_dim], copied before the write below
-                key_states, value_states = key_states[:, :, -slots:], value_states[:, :, -slots:]
-                cache_position = cache_position[-slots:]
+            slots = held.shape[2]
+            if ring_overflows(slots, self.window, states.shape[2]):
+                # [batch, kv_heads, slots + q_len, dim], copied before the write below
+                attended = torch.cat([held, states], dim=2)
+                states, cache_position = states[:, :, -slots:], cache_position[-slots:]
             cache_position = cache_position % slots
-        keys.index_copy_(2, cache_position, key_states.to(keys.dtype))
-        values.index_copy_(2, cache_position, value_states.to(values.dtype))
+        held.index_copy_(2, cache_position, states)
         return attended
 
     def update_rows(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, cache_position: torch.Tensor, rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor | None,
+        cache_position: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Write `[batch, kv_heads, q_len, head_dim]` into the cache rows `rows` `[batch]` at `cache_position`
         (`[q_len]` or `[batch, q_len]`); return those rows' slots `[batch, kv_heads, slots, head_dim]` (a copy)."""
         batch, kv_heads, q_len, _ = key_states.shape
@@ -350,6 +362,8 @@ class StaticLayerCache:
         heads = torch.arange(kv_heads, device=rows.device)
         index = (rows[:, None, None], heads[None, :, None], slots[:, None, :])  # broadcast to [batch, kv_heads, q_len]
         self.keys.index_put_(index, key_states.to(self.keys.dtype))
+        if self.values is None:  # a key-only layer
+            return self.keys.index_select(0, rows), None
         self.values.index_put_(index, value_states.to(self.values.dtype))
         return self.keys.index_select(0, rows), self.values.index_select(0, rows)
 
@@ -415,16 +429,27 @@ def ring_overflows(slots: int, window: int, q_len: int) -> bool:
     return q_len > slots - window + 1
 
 
-def kv_cache_shapes(config: PretrainedConfig) -> list[tuple[int, int] | None]:
-    """Per layer, `(kv_heads, head_dim)` of its key/value slots (under tensor parallelism, this rank's kv heads),
-    or None for a layer without slots (`layer_kv_shapes`)."""
-    return [None if shape is None else (len(config.tp_heads(shape[0])), shape[1]) for shape in layer_kv_shapes(config)]
+def kv_cache_shapes(config: PretrainedConfig) -> list[tuple[int, ...] | None]:
+    """Per layer, its `layer_kv_shapes` entry with this rank's kv heads under tensor parallelism."""
+    return [
+        None if shape is None else (len(config.tp_heads(shape[0])), *shape[1:]) for shape in layer_kv_shapes(config)
+    ]
 
 
-def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, int] | None]:
-    """Per layer, `(kv_heads, head_dim)` of its keys/values, or None for a layer that keeps none. A config whose
-    layers differ says so with `kv_cache_shape(layer_idx)`; otherwise every layer has `attention_shape`'s, except
-    recurrent (`linear_attention`) layers, which have none."""
+def slot_dims(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """`(kv_heads, key_dim, value_dim)` of a `layer_kv_shapes` entry: `(kv_heads, head_dim)` keys and values alike,
+    or `(kv_heads, key_dim, value_dim)`, value_dim 0 for a key-only layer (no value slots)."""
+    if len(shape) == 2:
+        return shape[0], shape[1], shape[1]
+    kv_heads, key_dim, value_dim = shape
+    return kv_heads, key_dim, value_dim
+
+
+def layer_kv_shapes(config: PretrainedConfig) -> list[tuple[int, ...] | None]:
+    """Per layer, `(kv_heads, head_dim)` of its keys/values (or `(kv_heads, key_dim, value_dim)` where they differ,
+    value_dim 0 for a layer that keeps keys only: see `slot_dims`), or None for a layer that keeps none. A config
+    whose layers differ says so with `kv_cache_shape(layer_idx)`; otherwise every layer has `attention_shape`'s,
+    except recurrent (`linear_attention`) layers, which have none."""
     if hasattr(config, "kv_cache_shape"):
         return [config.kv_cache_shape(i) for i in range(config.num_hidden_layers)]
     _, kv_heads, head_dim = attention_shape(config)

@@ -254,7 +254,7 @@ class MoeCausalLMMixin(CausalLMMixin):
     logits are returned with the auxiliary loss, and `router_aux_loss_coef` times it joins the loss when `labels`
     are given, as upstream. The aux loss skips the padding of a 2D `attention_mask` (its last q_len columns are
     the queries'); given a 4D mask (or a dict of them), it counts every token. A model whose upstream head computes
-    no auxiliary loss (DeepSeek-V3's router family: GLM-4.5, dots1; HunYuan-MoE) sets `router_aux_loss = False`: its
+    no auxiliary loss (DeepSeek-V3 and its router family: GLM-4.5, dots1; HunYuan-MoE) sets `router_aux_loss = False`: its
     router logits are still returned, `aux_loss` is None and the loss the language-model loss alone. The head's
     `scale_logits` hook applies as in `CausalLMMixin` (GraniteMoe divides by `logits_scaling`), before the loss."""
 
