@@ -97,6 +97,23 @@ ARCHITECTURES = {
         transformers.DiffLlamaForCausalLM,
         transformers.DiffLlamaConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **LAYERS),
     ),
+    "deepseek_v2": (
+        transformers.DeepseekV2ForCausalLM,
+        transformers.DeepseekV2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+            **LAYERS,
+        ),
+    ),
     "deepseek_v3": (
         transformers.DeepseekV3ForCausalLM,
         # latent attention (kv_b_proj int8, dequantised where its weight is absorbed), a dense layer, then stacked

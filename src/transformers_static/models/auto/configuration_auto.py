@@ -21,6 +21,7 @@ CONFIG_MAPPING_NAMES = {
     "cohere_compass_text": "CohereCompassTextConfig",
     "ctrl": "CTRLConfig",
     "cwm": "CwmConfig",
+    "deepseek_v2": "DeepseekV2Config",
     "deepseek_v3": "DeepseekV3Config",
     "diffllama": "DiffLlamaConfig",
     "doge": "DogeConfig",
