@@ -371,7 +371,7 @@ class DeepseekV2ForCausalLM(MoeCausalLMMixin, DeepseekV2PreTrainedModel):
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}  # the head split by vocabulary, logits gathered
-    aux_loss = False
+    router_aux_loss = False
 
     def __init__(self, config: DeepseekV2Config) -> None:
         super().__init__(config)
