@@ -1,5 +1,6 @@
-"""Mixture of experts on static shapes: the expert products of Mixtral, Qwen3-MoE and gpt-oss as one graph for every
-routing, their checkpoint layout, the load-balancing loss, and the causal-LM head that returns both.
+"""Mixture of experts on static shapes: the expert products of every MoE model here (Mixtral, Qwen-MoE, gpt-oss,
+DeepSeek, GLM-4.5, Granite MoE, ...) as one graph for every routing, their routers, their checkpoint layout, the
+load-balancing loss, and the causal-LM head that returns both.
 
 A router picks `top_k` of `num_experts` experts per token: that is data. Nothing here turns it into a shape (no
 `nonzero`, no per-expert token lists, no host reads), so a compiled step is the same graph whatever the routing.
