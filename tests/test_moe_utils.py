@@ -389,6 +389,15 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             bos_token_id=1,
             eos_token_id=2,
         ),
+        # upstream's own layout: `ffn.experts.mlp.w1` / `v1` / `w2` `[experts * ffn, hidden]`, a linear router
+        "dbrx": transformers.DbrxConfig(
+            vocab_size=64,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            attn_config=dict(kv_n_heads=2, clip_qkv=4.0, rope_theta=10000.0),
+            ffn_config=dict(ffn_hidden_size=24, moe_num_experts=8, moe_top_k=2),
+        ),
     }
     paths = {}
     for name, config in configs.items():
@@ -403,7 +412,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 INT8_MOE = ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
-INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2"]
+INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2", "dbrx"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -416,6 +425,9 @@ def test_int8_quantizes_every_expert_per_output_channel(
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
     float_model = AutoModelForCausalLM.from_pretrained(checkpoints[name])
     model = AutoModelForCausalLM.from_pretrained(checkpoints[name], quantization="int8")
+    if name == "dbrx":
+        _check_dbrx_int8(model, float_model, ids, tmp_path)
+        return
     layer = 1 if name in ("glm4_moe", "dots1") else 0  # their first layer is dense
     sparse, float_sparse = (
         getattr(m.model.layers[layer], "block_sparse_moe", None) or m.model.layers[layer].mlp
@@ -469,6 +481,41 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.block_sparse_moe.experts.gate_up_proj_scale"].shape == (8, 96)
     else:
         assert saved["model.layers.0.mlp.experts.gate_up_proj_scale"].shape == (8, 48)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, logits, atol=0, rtol=0)
+    counter = CompileCounterWithBackend("eager")
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend=counter, fullgraph=True, dynamic=False)
+    try:
+        tokens = model.generate(ids, max_new_tokens=4, eos_token_id=None)
+    finally:
+        del model.forward
+        torch._dynamo.reset()
+    assert counter.frame_count == 2  # prefill and decode
+    torch.testing.assert_close(tokens, reloaded.generate(ids, max_new_tokens=4, eos_token_id=None), atol=0, rtol=0)
+
+
+def _check_dbrx_int8(model: nn.Module, float_model: nn.Module, ids: torch.Tensor, tmp_path: Path) -> None:
+    """DBRX's experts keep upstream's `[experts * ffn, hidden]` matrices as int8, with scales per expert and output
+    channel (`w1`/`v1`: `[experts, ffn]`, `w2` (per expert `[ffn, hidden]`, in then out): `[experts, hidden]`); its
+    router is a linear layer and becomes one Int8Linear; saved and loaded back exactly; decode compiles once."""
+    mlp, float_mlp = model.transformer.blocks[0].ffn.experts.mlp, float_model.transformer.blocks[0].ffn.experts.mlp
+    for name, scale_shape in (("w1", (8, 24)), ("v1", (8, 24)), ("w2", (8, 32))):
+        int8, scale = getattr(mlp, name), getattr(mlp, f"{name}_scale")
+        assert int8.dtype == torch.int8 and int8.shape == getattr(float_mlp, name).shape == (8 * 24, 32)
+        assert scale.shape == scale_shape and scale.dtype == torch.float32
+        weight, _ = float_mlp.stacked(name)
+        dequantized = int8.view(8, 24, 32).float() * scale.unsqueeze(-2 if name == "w2" else -1)
+        assert (dequantized - weight).abs().max() <= scale.max() / 2 + 1e-6
+    assert type(model.transformer.blocks[0].ffn.router.layer).__name__ == "Int8Linear"
+    with torch.no_grad():
+        expected, logits = float_model(ids).logits, model(ids).logits
+    assert (logits - expected).abs().max() < 0.05 * expected.abs().max()
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert saved["transformer.blocks.0.ffn.experts.mlp.w2"].dtype == torch.int8
+    assert saved["transformer.blocks.0.ffn.experts.mlp.w2_scale"].shape == (8, 32)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, logits, atol=0, rtol=0)

@@ -73,7 +73,11 @@ def quantize_experts(module: nn.Module, empty: bool = False) -> None:
     `[experts, in, out]` when `module.transposed`) into int8 parameters of the same shape, in place, each with a
     scale per expert and output channel `<name>_scale` `[experts, out]` (model dtype): every expert's matrix
     quantized as `quantize_weight` quantizes a linear layer's. `empty`: zeros and unit scales, for a checkpoint to
-    load into."""
+    load into. A module with a layout of its own (DBRX's `[experts * ffn, hidden]` matrices) quantizes itself with
+    `quantize_int8(empty)`, to the same rule."""
+    if hasattr(module, "quantize_int8"):
+        module.quantize_int8(empty)
+        return
     in_dim = -2 if module.transposed else -1
     for name in module.stacked_weights:
         weight = getattr(module, name)

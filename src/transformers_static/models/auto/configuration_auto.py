@@ -23,6 +23,7 @@ CONFIG_MAPPING_NAMES = {
     "cwm": "CwmConfig",
     "deepseek_v2": "DeepseekV2Config",
     "deepseek_v3": "DeepseekV3Config",
+    "dbrx": "DbrxConfig",
     "diffllama": "DiffLlamaConfig",
     "doge": "DogeConfig",
     "dots1": "Dots1Config",

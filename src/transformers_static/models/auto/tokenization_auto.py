@@ -28,6 +28,7 @@ TOKENIZER_MAPPING_NAMES = {
     "cohere": "CohereTokenizer",
     "cohere2": "CohereTokenizer",
     "ctrl": "CTRLTokenizer",
+    "dbrx": "GPT2Tokenizer",
     "ernie4_5": "TokenizersBackend",
     "ernie4_5_moe": "TokenizersBackend",
     "flex_olmo": "TokenizersBackend",
