@@ -331,6 +331,20 @@ DOTS1 = dict(
     max_window_layers=1,
 )
 
+# K-EXAONE: GLM-4.5's sparse layers on EXAONE 4.0's attention (q/k norms, a window, no positions on global layers)
+EXAONE_MOE = dict(
+    intermediate_size=48,
+    moe_intermediate_size=24,
+    num_experts=8,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    num_shared_experts=2,
+    first_k_dense_replace=1,
+    sliding_window=5,
+    sliding_window_pattern=2,
+)
+
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -389,6 +403,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             bos_token_id=1,
             eos_token_id=2,
         ),
+        # K-EXAONE: grouped routing, two shared experts, a window on layer 0 (no positions on 1); both layers sparse
+        "exaone_moe": transformers.ExaoneMoeConfig(
+            **shared, **{**EXAONE_MOE, "first_k_dense_replace": 0}, pad_token_id=None
+        ),
         # upstream's own layout: `ffn.experts.mlp.w1` / `v1` / `w2` `[experts * ffn, hidden]`, a linear router
         "dbrx": transformers.DbrxConfig(
             vocab_size=64,
@@ -412,7 +430,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 INT8_MOE = ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
-INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2", "dbrx"]
+INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2", "dbrx", "exaone_moe"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -428,7 +446,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
     if name == "dbrx":
         _check_dbrx_int8(model, float_model, ids, tmp_path)
         return
-    layer = 1 if name in ("glm4_moe", "dots1") else 0  # their first layer is dense
+    layer = 1 if name in ("glm4_moe", "dots1", "exaone_moe") else 0  # their first layer is dense
     sparse, float_sparse = (
         getattr(m.model.layers[layer], "block_sparse_moe", None) or m.model.layers[layer].mlp
         for m in (model, float_model)
@@ -442,7 +460,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
     in_moe = re.compile(rf"\.{layer}\.(mlp|block_sparse_moe)\.")  # the router and the experts' module
     router = [p for n, p in model.named_parameters() if in_moe.search(n) and "expert" not in n and "shared" not in n]
     assert router and all(p.dtype == torch.float32 for p in router)
-    if name in ("glm4_moe", "dots1"):  # the shared experts are linear layers, quantized as every one; the bias stays
+    if name in ("glm4_moe", "dots1", "exaone_moe"):  # the shared experts quantized as linear layers, not the bias
         assert model.model.layers[1].mlp.shared_experts.up_proj.weight.dtype == torch.int8
         assert model.model.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32
     with torch.no_grad():
@@ -458,9 +476,11 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
             assert saved["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
-    elif name in ("glm4_moe", "dots1"):
+    elif name in ("glm4_moe", "dots1", "exaone_moe"):
         assert saved["model.layers.1.mlp.experts.3.gate_proj.weight"].dtype == torch.int8
         assert saved["model.layers.1.mlp.experts.3.down_proj.weight_scale"].shape == (32,)
+        if name == "exaone_moe":  # saved beside the router, as upstream saves it
+            assert saved["model.layers.1.mlp.e_score_correction_bias"].dtype == torch.float32
     elif name == "ernie4_5_moe":  # the correction bias and the router stay float, the shared experts are int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (24,)
@@ -575,6 +595,7 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         dict(TP_SHARED, intermediate_size=64, moe_intermediate_size=24, moe_num_experts=8, moe_k=2, use_bias=True),
         {"graphs": False},
     ),
+    "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM", dict(TP_SHARED, **EXAONE_MOE), {"graphs": False}),
     "hunyuan_v1_moe": (  # the shared MLP split as a dense one, per-head q/k norms, top-k per layer
         "HunYuanMoEV1Config",
         "HunYuanMoEV1ForCausalLM",

@@ -30,6 +30,7 @@ CONFIG_MAPPING_NAMES = {
     "ernie4_5": "Ernie4_5Config",
     "ernie4_5_moe": "Ernie4_5_MoeConfig",
     "exaone4": "Exaone4Config",
+    "exaone_moe": "ExaoneMoeConfig",
     "falcon": "FalconConfig",
     "flex_olmo": "FlexOlmoConfig",
     "gemma": "GemmaConfig",
