@@ -84,6 +84,7 @@ CONFIG_MAPPING_NAMES = {
     "qwen2": "Qwen2Config",
     "qwen2_moe": "Qwen2MoeConfig",
     "qwen3": "Qwen3Config",
+    "qwen3_5_moe_text": "Qwen3_5MoeTextConfig",
     "qwen3_5_text": "Qwen3_5TextConfig",
     "qwen3_moe": "Qwen3MoeConfig",
     "seed_oss": "SeedOssConfig",
@@ -104,6 +105,7 @@ MODEL_TYPE_TO_MODULE_NAME = {
     "gemma4_unified_text": "gemma4_unified",
     "modernbert-decoder": "modernbert_decoder",
     "openai-gpt": "openai",
+    "qwen3_5_moe_text": "qwen3_5_moe",
     "qwen3_5_text": "qwen3_5",
 }
 

@@ -72,6 +72,7 @@ TOKENIZER_MAPPING_NAMES = {
     "qwen2": "Qwen2Tokenizer",
     "qwen2_moe": "Qwen2Tokenizer",
     "qwen3": "Qwen2Tokenizer",
+    "qwen3_5_moe_text": "Qwen3_5Tokenizer",
     "qwen3_5_text": "Qwen3_5Tokenizer",
     "qwen3_moe": "Qwen2Tokenizer",
     "stablelm": "TokenizersBackend",
