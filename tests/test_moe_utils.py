@@ -346,6 +346,21 @@ EXAONE_MOE = dict(
 )
 
 
+# Qwen3.5-MoE: a gated delta-net layer, then gated full attention, both sparse with a gated shared expert
+QWEN3_5_MOE = dict(
+    head_dim=8,
+    full_attention_interval=2,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    moe_intermediate_size=48,
+    shared_expert_intermediate_size=16,
+    num_experts=8,
+    num_experts_per_tok=2,  # int8 at 0.042 of the largest logit here; top-1 flips near-tied tokens' only expert
+)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny float checkpoints saved by upstream: gpt-oss's experts stacked, the others' one matrix each (Mixtral,
@@ -417,6 +432,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             ffn_config=dict(ffn_hidden_size=24, moe_num_experts=8, moe_top_k=2),
         ),
     }
+    configs["qwen3_5_moe_text"] = transformers.Qwen3_5MoeTextConfig(**shared, **QWEN3_5_MOE)
     paths = {}
     for name, config in configs.items():
         torch.manual_seed(0)
@@ -434,6 +450,20 @@ INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "m
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mixtral",
+        "gpt_oss",
+        "qwen2_moe",
+        "olmoe",
+        "glm4_moe",
+        "dots1",
+        "ernie4_5_moe",
+        "hunyuan_v1_moe",
+        "qwen3_5_moe_text",
+    ],
+)
 def test_int8_quantizes_every_expert_per_output_channel(
     name: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -472,6 +502,13 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight"].dtype == torch.int8
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight_scale"].shape == (48,)
     elif name in ("qwen2_moe", "olmoe", "flex_olmo"):  # upstream's per-expert layout
+    elif name == "qwen3_5_moe_text":  # per-expert layout; the shared expert and the delta-net's projections int8
+        assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
+        assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
+        assert saved["model.layers.1.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
+        assert saved["model.layers.0.linear_attn.in_proj_qkv.weight"].dtype == torch.int8
+        assert saved["model.layers.0.mlp.gate.weight"].dtype == torch.float32
+    elif name in ("qwen2_moe", "olmoe"):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
@@ -639,6 +676,11 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         "MiniMaxM2Config",
         "MiniMaxM2ForCausalLM",
         dict(TP_SHARED, intermediate_size=24, num_local_experts=8, head_dim=16, rotary_dim=8),
+    # the gated delta-net layer replicated (its states whole on each rank), the attention split by heads
+    "qwen3_5_moe_text": (
+        "Qwen3_5MoeTextConfig",
+        "Qwen3_5MoeForCausalLM",
+        dict(TP_SHARED, **{**QWEN3_5_MOE, "moe_intermediate_size": 64}),
         {"graphs": False},
     ),
 }
@@ -650,6 +692,8 @@ class MoeTensorParallelTest(unittest.TestCase):
     sinks split with their heads; Qwen3-MoE's dense layers split as every MLP, and so are the shared experts
     (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE, the Granite MoEs); OLMoE's, FlexOlmo's and
     MiniMax-M2's q/k projections replicated for their whole-projection norms."""
+    (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE, Qwen3.5-MoE, whose delta-net layers are replicated); OLMoE's q/k projections replicated for their
+    whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:
