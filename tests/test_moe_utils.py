@@ -694,6 +694,8 @@ class MoeTensorParallelTest(unittest.TestCase):
     MiniMax-M2's q/k projections replicated for their whole-projection norms."""
     (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE, Qwen3.5-MoE, whose delta-net layers are replicated); OLMoE's q/k projections replicated for their
     whole-projection norms."""
+    (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE, Qwen3.5-MoE, whose delta-net layers are replicated);
+    OLMoE's q/k projections replicated for their whole-projection norms."""
 
     @classmethod
     def setUpClass(cls) -> None:
