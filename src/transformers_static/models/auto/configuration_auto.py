@@ -87,6 +87,7 @@ CONFIG_MAPPING_NAMES = {
     "qwen3_5_moe_text": "Qwen3_5MoeTextConfig",
     "qwen3_5_text": "Qwen3_5TextConfig",
     "qwen3_moe": "Qwen3MoeConfig",
+    "qwen3_next": "Qwen3NextConfig",
     "seed_oss": "SeedOssConfig",
     "smollm3": "SmolLM3Config",
     "stablelm": "StableLmConfig",

@@ -75,6 +75,7 @@ TOKENIZER_MAPPING_NAMES = {
     "qwen3_5_moe_text": "Qwen3_5Tokenizer",
     "qwen3_5_text": "Qwen3_5Tokenizer",
     "qwen3_moe": "Qwen2Tokenizer",
+    "qwen3_next": "Qwen2Tokenizer",
     "stablelm": "TokenizersBackend",
     "starcoder2": "GPT2Tokenizer",
     "xglm": "XGLMTokenizer",
