@@ -360,6 +360,9 @@ QWEN3_5_MOE = dict(
     num_experts_per_tok=2,  # int8 at 0.042 of the largest logit here; top-1 flips near-tied tokens' only expert
 )
 
+# Qwen3-Next: the same with fused delta-net projections, its attention layer dense (intermediate_size)
+QWEN3_NEXT = dict(QWEN3_5_MOE, intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=False)
+
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -433,6 +436,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
     }
     configs["qwen3_5_moe_text"] = transformers.Qwen3_5MoeTextConfig(**shared, **QWEN3_5_MOE)
+    # every layer sparse and renormalised here: int8 at 0.024 of the largest logit (not renormalised, its rounding
+    # flips a near-tied second expert, 0.14)
+    configs["qwen3_next"] = transformers.Qwen3NextConfig(**shared, **QWEN3_5_MOE, intermediate_size=32)
     paths = {}
     for name, config in configs.items():
         torch.manual_seed(0)
@@ -462,6 +468,7 @@ INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "m
         "ernie4_5_moe",
         "hunyuan_v1_moe",
         "qwen3_5_moe_text",
+        "qwen3_next",
     ],
 )
 def test_int8_quantizes_every_expert_per_output_channel(
@@ -503,10 +510,12 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight_scale"].shape == (48,)
     elif name in ("qwen2_moe", "olmoe", "flex_olmo"):  # upstream's per-expert layout
     elif name == "qwen3_5_moe_text":  # per-expert layout; the shared expert and the delta-net's projections int8
+    elif name in ("qwen3_5_moe_text", "qwen3_next"):  # per-expert layout; shared expert and delta-net int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
-        assert saved["model.layers.1.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
-        assert saved["model.layers.0.linear_attn.in_proj_qkv.weight"].dtype == torch.int8
+        assert saved["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
+        qkv = "in_proj_qkv" if name == "qwen3_5_moe_text" else "in_proj_qkvz"
+        assert saved[f"model.layers.0.linear_attn.{qkv}.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.gate.weight"].dtype == torch.float32
     elif name in ("qwen2_moe", "olmoe"):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
@@ -683,6 +692,13 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         dict(TP_SHARED, **{**QWEN3_5_MOE, "moe_intermediate_size": 64}),
         {"graphs": False},
     ),
+    # the same with fused delta-net projections (replicated), its attention layer's dense MLP split as every MLP
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        dict(TP_SHARED, **{**QWEN3_NEXT, "moe_intermediate_size": 64}),
+        {"graphs": False},
+    ),
 }
 
 
@@ -695,6 +711,7 @@ class MoeTensorParallelTest(unittest.TestCase):
     (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE, Qwen3.5-MoE, whose delta-net layers are replicated); OLMoE's q/k projections replicated for their
     whole-projection norms."""
     (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE, Qwen3.5-MoE, whose delta-net layers are replicated);
+    (Qwen2-MoE, GLM-4.5, dots.llm1, Ernie 4.5 MoE, HunYuan-MoE, Qwen3.5-MoE, Qwen3-Next: delta-net layers replicated);
     OLMoE's q/k projections replicated for their whole-projection norms."""
 
     @classmethod
