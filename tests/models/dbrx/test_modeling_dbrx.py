@@ -12,7 +12,7 @@ from transformers_static.integrations.tensor_parallel import planned_modules
 from transformers_static.models.dbrx.configuration_dbrx import DbrxConfig
 from transformers_static.models.dbrx.modeling_dbrx import DbrxForCausalLM
 
-from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, padding_mask, positions
+from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, PlainParityTests, padding_mask, positions
 
 CLIPPED = dict(
     d_model=32,
@@ -155,13 +155,12 @@ class DbrxParityTest(CausalLMParityTests, unittest.TestCase):
             planned_modules(self.models["sdpa"])
 
 
-class DbrxTwoNormParityTest(CausalLMParityTests, unittest.TestCase):
+class DbrxTwoNormParityTest(PlainParityTests, unittest.TestCase):
     """Top-3 of 4 experts (dense in decode too) divided by their 2-norm, GELU experts, one key/value head, a
     rotary base of 1000 (attn_config's rope_theta unused, as upstream), a clamp at 6."""
 
-    upstream_model_class = RandomDbrxForCausalLM
-    upstream_config_class = transformers.DbrxConfig
-    config_kwargs = TWO_NORM
+    upstream_class = RandomDbrxForCausalLM
+    plain_config = TWO_NORM
 
 
 class DbrxConfigTest(unittest.TestCase):

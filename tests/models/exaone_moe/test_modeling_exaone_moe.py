@@ -14,7 +14,7 @@ from transformers_static.models.exaone_moe.modeling_exaone_moe import (
     ExaoneMoeSparseMoEBlock,
 )
 
-from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, padding_mask, positions
+from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, PlainParityTests, padding_mask, positions
 
 HYBRID = dict(
     hidden_size=32,
@@ -149,14 +149,12 @@ class ExaoneMoeParityTest(CausalLMParityTests, unittest.TestCase):
         self.assertGreater(difference.abs().max().item(), 10 * ATOL)
 
 
-class ExaoneMoeListedParityTest(CausalLMParityTests, unittest.TestCase):
+class ExaoneMoeListedParityTest(PlainParityTests, unittest.TestCase):
     """Listed layer kinds (global without positions, then two 4-key windows) and mlp_layer_types (sparse, dense,
     sparse); top-4 of 6 unnormalised (one group), one shared expert, one key/value head."""
 
-    upstream_model_class = RandomExaoneMoeForCausalLM
-    upstream_config_class = transformers.ExaoneMoeConfig
-    config_kwargs = LISTED
-    mixed_layer_kinds = True
+    upstream_class = RandomExaoneMoeForCausalLM
+    plain_config = LISTED
 
 
 class ExaoneMoeConfigTest(unittest.TestCase):

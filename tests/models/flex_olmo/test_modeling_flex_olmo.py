@@ -9,7 +9,7 @@ from transformers_static import AutoModelForCausalLM
 from transformers_static.models.flex_olmo.configuration_flex_olmo import FlexOlmoConfig
 from transformers_static.models.flex_olmo.modeling_flex_olmo import FlexOlmoForCausalLM, FlexOlmoSparseMoeBlock
 
-from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, padding_mask, positions
+from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, PlainParityTests, padding_mask, positions
 
 WIDE_HEADS = dict(
     hidden_size=32,
@@ -150,12 +150,11 @@ class FlexOlmoParityTest(CausalLMParityTests, unittest.TestCase):
             torch.testing.assert_close(reloaded.state_dict()[name], param, atol=0, rtol=0, msg=name)
 
 
-class FlexOlmoRenormalisedParityTest(CausalLMParityTests, unittest.TestCase):
+class FlexOlmoRenormalisedParityTest(PlainParityTests, unittest.TestCase):
     """Top-4 of 6 renormalised (norm_topk_prob), no biases, one key/value head, tied embeddings."""
 
-    upstream_model_class = RandomFlexOlmoForCausalLM
-    upstream_config_class = transformers.FlexOlmoConfig
-    config_kwargs = RENORMALISED
+    upstream_class = RandomFlexOlmoForCausalLM
+    plain_config = RENORMALISED
 
 
 class FlexOlmoConfigTest(unittest.TestCase):

@@ -12,7 +12,16 @@ from transformers_static import AutoModelForCausalLM
 from transformers_static.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig
 from transformers_static.models.glm4_moe.modeling_glm4_moe import Glm4MoeForCausalLM, Glm4MoeMLP, Glm4MoeMoE
 
-from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, padding_mask, perturb, positions
+from ..causal_lm_tester import (
+    ATOL,
+    PADDINGS,
+    SEQ_LEN,
+    CausalLMParityTests,
+    PlainParityTests,
+    padding_mask,
+    perturb,
+    positions,
+)
 
 GROUPED = dict(
     hidden_size=32,
@@ -184,14 +193,13 @@ class Glm4MoeParityTest(CausalLMParityTests, unittest.TestCase):
         self.assertIn("model.layers.3.eh_proj.weight", "\n".join(logs.output))
 
 
-class Glm4MoePlainParityTest(CausalLMParityTests, unittest.TestCase):
+class Glm4MoePlainParityTest(PlainParityTests, unittest.TestCase):
     """The other side of each switch: every layer sparse, one group, top-4 of 6 not renormalised (dense in decode
     too), one shared expert, no attention biases or q/k norms, the whole head rotating, one key/value head, tied
     embeddings."""
 
-    upstream_model_class = RandomGlm4MoeForCausalLM
-    upstream_config_class = transformers.Glm4MoeConfig
-    config_kwargs = PLAIN
+    upstream_class = RandomGlm4MoeForCausalLM
+    plain_config = PLAIN
 
 
 # GLM-4.5-Air's config.json (transformers 4.54: rope_theta and partial_rotary_factor at the top level, a head_dim)

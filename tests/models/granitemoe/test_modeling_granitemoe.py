@@ -14,7 +14,7 @@ from transformers_static.models.granitemoe.modeling_granitemoe import (
     GraniteMoeTopKRouter,
 )
 
-from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, padding_mask, positions
+from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, PlainParityTests, padding_mask, positions
 
 MULTIPLIERS = dict(
     embedding_multiplier=6.0,
@@ -148,13 +148,12 @@ class GraniteMoeParityTest(CausalLMParityTests, unittest.TestCase):
             torch.testing.assert_close(ours[prefix + key], theirs[prefix + key], atol=0, rtol=0)
 
 
-class GraniteMoeDenseParityTest(CausalLMParityTests, unittest.TestCase):
+class GraniteMoeDenseParityTest(PlainParityTests, unittest.TestCase):
     """Top-4 of 6 experts (the dense formulation in decode too), one key/value head, tied embeddings, no biases,
     multipliers on the other side of 1."""
 
-    upstream_model_class = RandomGraniteMoeForCausalLM
-    upstream_config_class = transformers.GraniteMoeConfig
-    config_kwargs = DENSE
+    upstream_class = RandomGraniteMoeForCausalLM
+    plain_config = DENSE
 
 
 class GraniteMoeConfigTest(unittest.TestCase):

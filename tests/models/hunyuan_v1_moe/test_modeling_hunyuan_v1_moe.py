@@ -10,7 +10,7 @@ from transformers_static import AutoConfig, AutoModelForCausalLM
 from transformers_static.models.hunyuan_v1_moe.configuration_hunyuan_v1_moe import HunYuanMoEV1Config
 from transformers_static.models.hunyuan_v1_moe.modeling_hunyuan_v1_moe import HunYuanMoEV1ForCausalLM
 
-from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, padding_mask, positions
+from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, PlainParityTests, padding_mask, positions
 
 # What Hunyuan checkpoints state: "dynamic" with a fixed alpha (NTK-alpha), extra YaRN-style keys unused.
 NTK_ALPHA = {"type": "dynamic", "alpha": 1000.0, "factor": 1.0, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0}
@@ -129,13 +129,12 @@ class HunYuanMoEV1ParityTest(CausalLMParityTests, unittest.TestCase):
         self.assertNotIsInstance(ours.model.layers[0].mlp.gate.wg, nn.Linear)
 
 
-class HunYuanMoEV1OneTopKParityTest(CausalLMParityTests, unittest.TestCase):
+class HunYuanMoEV1OneTopKParityTest(PlainParityTests, unittest.TestCase):
     """Top-4 of 6 on every layer (dense in decode too), default rotary, no biases, one key/value head, tied
     embeddings, no Hub extras."""
 
-    upstream_model_class = RandomHunYuanMoEV1ForCausalLM
-    upstream_config_class = transformers.HunYuanMoEV1Config
-    config_kwargs = ONE_TOP_K
+    upstream_class = RandomHunYuanMoEV1ForCausalLM
+    plain_config = ONE_TOP_K
 
 
 class HunYuanMoEV1ConfigTest(unittest.TestCase):

@@ -9,7 +9,7 @@ from transformers_static import AutoModelForCausalLM
 from transformers_static.models.minimax_m2.configuration_minimax_m2 import MiniMaxM2Config
 from transformers_static.models.minimax_m2.modeling_minimax_m2 import MiniMaxM2ForCausalLM, MiniMaxM2SparseMoeBlock
 
-from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, padding_mask, positions
+from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, PlainParityTests, padding_mask, positions
 
 PARTIAL = dict(
     hidden_size=32,
@@ -134,12 +134,11 @@ class MiniMaxM2ParityTest(CausalLMParityTests, unittest.TestCase):
             torch.testing.assert_close(reloaded.state_dict()[name], param, atol=0, rtol=0, msg=name)
 
 
-class MiniMaxM2FullRotaryParityTest(CausalLMParityTests, unittest.TestCase):
+class MiniMaxM2FullRotaryParityTest(PlainParityTests, unittest.TestCase):
     """Top-4 of 6, rotary on every dim, one key/value head, tied embeddings."""
 
-    upstream_model_class = RandomMiniMaxM2ForCausalLM
-    upstream_config_class = transformers.MiniMaxM2Config
-    config_kwargs = FULL_ROTARY
+    upstream_class = RandomMiniMaxM2ForCausalLM
+    plain_config = FULL_ROTARY
 
 
 class MiniMaxM2ConfigTest(unittest.TestCase):

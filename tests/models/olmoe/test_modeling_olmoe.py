@@ -9,7 +9,7 @@ from transformers_static import AutoModelForCausalLM
 from transformers_static.models.olmoe.configuration_olmoe import OlmoeConfig
 from transformers_static.models.olmoe.modeling_olmoe import OlmoeForCausalLM, OlmoeSparseMoeBlock
 
-from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, padding_mask, positions
+from ..causal_lm_tester import ATOL, PADDINGS, SEQ_LEN, CausalLMParityTests, PlainParityTests, padding_mask, positions
 
 CLIPPED = dict(
     hidden_size=32,
@@ -109,12 +109,11 @@ class OlmoeParityTest(CausalLMParityTests, unittest.TestCase):
             torch.testing.assert_close(reloaded.state_dict()[name], param, atol=0, rtol=0, msg=name)
 
 
-class OlmoeRenormalisedParityTest(CausalLMParityTests, unittest.TestCase):
+class OlmoeRenormalisedParityTest(PlainParityTests, unittest.TestCase):
     """Top-4 of 6 renormalised (norm_topk_prob), no clip, no biases, one key/value head, tied embeddings."""
 
-    upstream_model_class = RandomOlmoeForCausalLM
-    upstream_config_class = transformers.OlmoeConfig
-    config_kwargs = RENORMALISED
+    upstream_class = RandomOlmoeForCausalLM
+    plain_config = RENORMALISED
 
 
 class OlmoeConfigTest(unittest.TestCase):
