@@ -350,6 +350,8 @@ def test_int4_decode_compiles_once(int4_checkpoint: Path) -> None:
 # Architectures whose tiny configs have more projections below the kernel's tiles than in them: Gemma 3n's AltUp
 # (3 streams) and Laurel (rank 4) projections.
 MOSTLY_NARROW = {"gemma3n_text"}
+# Architectures of int8's table with stacked experts, which int4 refuses by name (its kernel takes 2D weights).
+STACKED_EXPERTS = {"deepseek_v2", "deepseek_v3"}
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
@@ -370,6 +372,10 @@ def test_every_architecture_quantizes_and_round_trips(
     reloads exactly."""
     name, path = architecture
     model = AutoModelForCausalLM.from_pretrained(path)
+    if name in STACKED_EXPERTS:
+        with pytest.raises(ValueError, match=r"Cannot quantize to int4: stacked experts \['model\.layers\.1\.mlp"):
+            quantize_model(model, "int4")
+        return
     projections = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, Conv1D))}
     with torch.no_grad():
         logits = model(ids()).logits
