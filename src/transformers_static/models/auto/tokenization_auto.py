@@ -92,6 +92,7 @@ MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {
     "nemotron",
     "phi3",
     "qwen2",
+    "qwen3_5_moe_text",
 }
 BACKEND_NAMES = {"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer", "BloomTokenizer"}
 # Class name -> module of its implementation here.
