@@ -146,8 +146,9 @@ MUTANTS = (
     Mutant(
         "static-cache-writes-at-position-plus-1",
         (
-            Edit(CACHE, "keys.index_copy_(2, cache_position, ", "keys.index_copy_(2, cache_position + 1, "),
-            Edit(CACHE, "values.index_copy_(2, cache_position, ", "values.index_copy_(2, cache_position + 1, "),
+            Edit(
+                CACHE, "held.index_copy_(2, cache_position, states)", "held.index_copy_(2, cache_position + 1, states)"
+            ),
         ),
         (LLAMA + "test_greedy_generate_matches_upstream_static",),
     ),
