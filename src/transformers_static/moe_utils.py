@@ -106,13 +106,7 @@ class StackedExperts(nn.Module):
     def _dense(self, hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         gate_up = dense_product(hidden_states, *self._projection("gate_up_proj"), self.transposed)
         out = dense_product(self.glu(gate_up), *self._projection("down_proj"), self.transposed)  # [E, tokens, hidden]
-        chosen = torch.zeros(index.shape[0], self.num_experts, dtype=torch.bool, device=index.device)
-        chosen = chosen.scatter(1, index, True).T[..., None]  # [E, tokens, 1]
-        routing = torch.zeros(index.shape[0], self.num_experts, dtype=weights.dtype, device=weights.device)
-        routing = routing.scatter(1, index, weights).T[..., None]  # [E, tokens, 1]
-        # `where`, not a product by zero: an expert a token did not choose may overflow in half precision
-        weighted = torch.where(chosen, out * routing, 0).to(hidden_states.dtype)
-        return weighted.sum(0)
+        return weighted_dense_sum(out, index, weights, hidden_states.dtype)
 
 
 def gathered_product(
@@ -145,6 +139,21 @@ def gathered_product(
     if scale is not None:
         y = y * scale[index].to(x.dtype)
     return y if bias is None else y + bias[index].to(x.dtype)
+
+
+def weighted_dense_sum(
+    out: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Every expert's output `out` `[E, tokens, hidden]` weighted by each token's routing weights (`index` /
+    `weights` `[tokens, top_k]`; zero for the experts it did not choose), cast to `dtype`, summed -> `[tokens,
+    hidden]`."""
+    num_experts, tokens = out.shape[:2]
+    chosen = torch.zeros(tokens, num_experts, dtype=torch.bool, device=index.device)
+    chosen = chosen.scatter(1, index, True).T[..., None]  # [E, tokens, 1]
+    routing = torch.zeros(tokens, num_experts, dtype=weights.dtype, device=weights.device)
+    routing = routing.scatter(1, index, weights).T[..., None]  # [E, tokens, 1]
+    # `where`, not a product by zero: an expert a token did not choose may overflow in half precision
+    return torch.where(chosen, out * routing, 0).to(dtype).sum(0)
 
 
 def dense_product(

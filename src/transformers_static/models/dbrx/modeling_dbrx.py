@@ -23,7 +23,14 @@ from ...modeling_attn_mask_utils import attention_type, mask_converters
 from ...modeling_inputs import AttentionInputs, embed_inputs, prepare_attention_inputs
 from ...modeling_rope_utils import rope_frequencies
 from ...modeling_utils import PreTrainedModel
-from ...moe_utils import MoeCausalLMMixin, MoeModelOutputWithPast, dense_product, gathered_product, gathers
+from ...moe_utils import (
+    MoeCausalLMMixin,
+    MoeModelOutputWithPast,
+    dense_product,
+    gathered_product,
+    gathers,
+    weighted_dense_sum,
+)
 from ...quantization.int8 import quantize_weight, quantized_parameter
 from .configuration_dbrx import DbrxConfig
 
@@ -185,12 +192,7 @@ class DbrxExperts(nn.Module):
         gate = dense_product(hidden_states, *mlp.stacked("w1"), None, False)  # [E, tokens, ffn]
         up = dense_product(hidden_states, *mlp.stacked("v1"), None, False)
         out = dense_product(mlp.act_fn(gate) * up, *mlp.stacked("w2"), None, True)  # [E, tokens, hidden]
-        chosen = torch.zeros(tokens, self.num_experts, dtype=torch.bool, device=top_k_index.device)
-        chosen = chosen.scatter(1, top_k_index, True).T[..., None]  # [E, tokens, 1]
-        routing = torch.zeros(tokens, self.num_experts, dtype=top_k_weights.dtype, device=top_k_weights.device)
-        routing = routing.scatter(1, top_k_index, top_k_weights).T[..., None]  # [E, tokens, 1]
-        # `where`, not a product by zero: an expert a token did not choose may overflow in half precision
-        return torch.where(chosen, out * routing, 0).to(hidden_states.dtype).sum(0)
+        return weighted_dense_sum(out, top_k_index, top_k_weights, hidden_states.dtype)
 
 
 class DbrxRouter(nn.Module):
