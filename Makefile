@@ -2,6 +2,8 @@
 # an unpinned torch would pull a multi-GB CUDA build).
 PY := .venv/bin/python
 TORCH := torch==2.13.0
+# pytest-xdist workers for `make test` (each class or module on one worker, its fixtures built once)
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test mutation stage gpu-check quality style repo-consistency fix-copies models-table
 
@@ -23,7 +25,7 @@ demo:
 DEMO_PROMPT := In three sentences, why does a compiled language model want inputs of one shape at every step?
 
 test:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 # Each curated single-bug mutant of src/ must fail the tests selected for it (utils/mutation.py).
 mutation:

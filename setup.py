@@ -16,6 +16,7 @@ extras = {
 # accelerate: upstream's GGUF loading (the reference in the GGUF tests) requires it
 extras["testing"] = [
     "pytest>=8",
+    "pytest-xdist>=3.5",  # `make test` runs on two workers
     "parameterized>=0.9",
     "ruff>=0.6",
     "accelerate",

@@ -29,3 +29,13 @@ if not CACHE_CHOSEN:  # read by inductor at each compile, and by the tests' subp
 @pytest.fixture(autouse=True)
 def vectors_of_512_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linear_utils, "narrow_cpu_vectors", lambda: False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist the workers share the host's cores: each gets its share of torch's intra-op threads, so two
+    workers on two cores do not oversubscribe them (tiny models' kernels spin-wait badly when they do)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
