@@ -56,6 +56,7 @@ ARCHES = {
     "chatglm": gguf.MODEL_ARCH.CHATGLM,
     "mpt": gguf.MODEL_ARCH.MPT,
     "mistral3": gguf.MODEL_ARCH.MISTRAL3,
+    "granite_swa": gguf.MODEL_ARCH.GRANITE,  # the registry's gguf has no GRANITE_SWA; its names are Granite's + sinks
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.
@@ -93,7 +94,7 @@ def _falcon_groups_to_blocks(weights: np.ndarray, heads: int, kv_heads: int) -> 
 
 def llama_cpp_tensor(arch: str, name: str, value: np.ndarray, config: Any) -> np.ndarray | None:
     """One checkpoint tensor as llama.cpp's converter stores it (None: dropped)."""
-    if arch in ("llama", "olmo", "granite", "arcee", "smollm3", "mistral3") and (
+    if arch in ("llama", "olmo", "granite", "granite_swa", "arcee", "smollm3", "mistral3") and (
         ".q_proj." in name or ".k_proj." in name
     ):  # LlamaModel.permute
         heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
@@ -177,6 +178,8 @@ def gguf_tensors(arch: str, checkpoint_dir: str, config: Any) -> dict[str, np.nd
             continue
         hf_name = name.removeprefix("transformer.") if arch == "bloom" else name
         gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if arch == "granite_swa" and name.endswith(".self_attn.sinks"):  # GraniteSWAModel.filter_tensors adds .weight
+            gguf_name = f"blk.{name.split('.')[2]}.attn_sinks.weight"
         assert gguf_name is not None, f"the gguf name map has no name for {name}"
         out[gguf_name] = value
     if arch in ("gpt2", "bloom") and "output.weight" not in out:  # llama.cpp writes the tied head out as a copy
@@ -227,13 +230,16 @@ def write_gguf(
     seed: int = 0,
     raw: dict[str, tuple[np.ndarray, Any]] | None = None,
 ) -> None:
-    """Write a GGUF: `metadata` as `{writer method: value}` (`add_block_count`, ...), 2D weights as `qtype` where
-    their rows split into whole blocks (as llama.cpp quantizes), 1D tensors float32; `raw` tensors as the given
-    `(bytes, ggml type)` instead."""
+    """Write a GGUF: `metadata` as `{writer method: value}` (`add_block_count`, ...) or, for keys the gguf package
+    has no method for, `{"{arch}.key": list}` (an array), 2D weights as `qtype` where their rows split into whole
+    blocks (as llama.cpp quantizes), 1D tensors float32; `raw` tensors as the given `(bytes, ggml type)` instead."""
     generator = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, arch)
     for method, value in {**metadata, **(tokenizer or {})}.items():
-        getattr(writer, method)(value)
+        if method.startswith("{arch}."):
+            writer.add_array(method.format(arch=arch), value)
+        else:
+            getattr(writer, method)(value)
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     for name, value in tensors.items():
         if name in (raw or {}):

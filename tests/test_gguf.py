@@ -316,6 +316,20 @@ def _granite_metadata(c: Any) -> dict[str, Any]:
     }
 
 
+def _granite_swa_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's GraniteSWA converter: Granite's keys, the window and one sliding flag per layer; a rope flag per
+    layer only from a `no_rope_layers` list, which upstream's config lacks: here from `layer_rope_theta`'s zeros
+    (the one base llama.cpp can state)."""
+    metadata = {
+        **_granite_metadata(c),
+        "add_sliding_window": c.sliding_window,
+        "add_sliding_window_pattern": [kind == "sliding_attention" for kind in c.layer_types],
+    }
+    if 0 in c.layer_rope_theta:
+        metadata["{arch}.attention.rope_pattern"] = [bool(theta) for theta in c.layer_rope_theta]
+    return metadata
+
+
 def _command_r_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's Command-R converter: LayerNorm epsilon, the logit scale, rope scaling type none."""
     metadata = {**_layer_norm_metadata(c, c.intermediate_size, c.max_position_embeddings)}
@@ -366,6 +380,8 @@ def _nemotron_metadata(c: Any) -> dict[str, Any]:
 
 # name -> (GGUF architecture, upstream class, upstream config kwargs, metadata, whether upstream loads the GGUF)
 LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+GRANITE_MULTIPLIERS = dict(embedding_multiplier=12.0, attention_multiplier=0.2, residual_multiplier=0.3)
+GRANITE_SWA = dict(LLAMA, **GRANITE_MULTIPLIERS, logits_scaling=8.0, num_hidden_layers=4, sliding_window=3)
 GEMMA3 = dict(LLAMA, num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=256, sliding_window=4)
 STARCODER2 = dict(LLAMA, bos_token_id=0, eos_token_id=0)
 LLAMA3_ROPE = dict(
@@ -744,6 +760,16 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
             "logits_scaling": 8.0,
         },
         _granite_metadata,
+        False,
+    ),
+    # Granite's multipliers, a sink per head, three sliding layers (a window of 3 keys) after a full one
+    "granite_swa": ("granite_swa", transformers.GraniteSWAForCausalLM, GRANITE_SWA, _granite_swa_metadata, False),
+    # the second and fourth layers without positions (llama.cpp's rope_pattern)
+    "granite_swa_nope": (
+        "granite_swa",
+        transformers.GraniteSWAForCausalLM,
+        dict(GRANITE_SWA, layer_rope_theta=[10000.0, 0.0, 10000.0, 0.0]),
+        _granite_swa_metadata,
         False,
     ),
     # interleaved rope, parallel blocks, logit scale 0.3, tied head; 64 layers: Command R+'s per-head q/k norms
@@ -1128,6 +1154,10 @@ class GGUFErrorTest(TmpDirTestCase):
             ),
             ("ministral3", {"blk.0.ffn_gate_inp.weight": np.ones((4, 64), np.float32)}, {}, "no blk.0.ffn_gate_inp"),
             ("mpt", {}, {"add_head_count": 3}, "3 heads, not a power of two"),
+            ("granite_swa", {}, {"add_expert_count": 4}, "with experts \\(GraniteMoeSWA\\) is not supported"),
+            ("granite_swa", {}, {"add_sliding_window_pattern": 4}, "must be one flag per layer"),
+            ("granite_swa", {}, {"{arch}.deepstack_mapping": [-1, 1, -1, -1]}, "deepstack_mapping \\(Granite Vision"),
+            ("granite_swa", {}, {"{arch}.attention.rope_pattern": [True, False]}, "rope_pattern has 2 entries, not 4"),
             ("mpt", {}, {"add_feed_forward_length": 128}, "an MLP 128 wide"),
             (
                 "mpt",

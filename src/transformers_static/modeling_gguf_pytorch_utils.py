@@ -208,7 +208,7 @@ def _split_name(name: str) -> tuple[str, int | None, str]:
 
 
 def _our_name(module: str, block: int | None, suffix: str) -> str:
-    """`<module>.<suffix>`; a name ending in "=" is a bare buffer (Gemma 4's `layer_scalar`), taken as is."""
+    """`<module>.<suffix>`; a name ending in "=" is a bare tensor (Gemma 4's `layer_scalar`), taken as is."""
     return module.format(block)[:-1] if module.endswith("=") else f"{module.format(block)}.{suffix}"
 
 
@@ -365,6 +365,7 @@ TENSOR_PROCESSORS: dict[str, Callable[[str, str, torch.Tensor, dict[str, Any]], 
     "gemma3": _gemma,
     "olmo": _llama,
     "granite": _llama,
+    "granite_swa": _llama,
     "nemotron": _nemotron,
     "stablelm": _stablelm,
     "arcee": _llama,

@@ -57,6 +57,7 @@ from .ggml_tensors import (
     GLM_TENSORS,
     GPT2_TENSORS,
     GPT_NEOX_TENSORS,
+    GRANITE_SWA_TENSORS,
     HUNYUAN_TENSORS,
     LLAMA_TENSORS,
     MPT_TENSORS,
@@ -298,22 +299,53 @@ def _olmo_config(md: GGUFMetadata) -> dict[str, Any]:
     }
 
 
-def _granite_config(md: GGUFMetadata) -> dict[str, Any]:
-    """llama.cpp's Granite: the Llama graph with the embeddings, residual branches and attention scores scaled by
-    `embedding_scale`, `residual_scale`, `attention.scale` (absent or 0: unscaled, 1/sqrt(head_dim)) and the logits
-    divided by `logit_scale` (required). Its graph skips rope when `rope.scaling.finetuned` is false; our model
-    always ropes, so such a file is refused."""
-    if not md.get("rope.scaling.finetuned", True):
-        raise ValueError(
-            f"{md.path}: `rope.scaling.finetuned` is false (llama.cpp's Granite without rope); expected true"
-        )
-    head_dim = _head_dim(md)
+def _granite_multipliers(md: GGUFMetadata) -> dict[str, Any]:
+    """Llama's fields with Granite's four multipliers: the embeddings, residual branches and attention scores scaled
+    by `embedding_scale`, `residual_scale`, `attention.scale` (absent or 0: unscaled, 1/sqrt(head_dim)), the logits
+    divided by `logit_scale` (required)."""
     return {
         **_llama_config(md),
         "embedding_multiplier": md.get("embedding_scale", 0.0) or 1.0,
         "residual_multiplier": md.get("residual_scale", 0.0) or 1.0,
-        "attention_multiplier": md.get("attention.scale", 0.0) or head_dim**-0.5,
+        "attention_multiplier": md.get("attention.scale", 0.0) or _head_dim(md) ** -0.5,
         "logits_scaling": md["logit_scale"],
+    }
+
+
+def _granite_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's Granite: the Llama graph with Granite's multipliers (`_granite_multipliers`). Its graph skips rope
+    when `rope.scaling.finetuned` is false; our model always ropes, so such a file is refused."""
+    if not md.get("rope.scaling.finetuned", True):
+        raise ValueError(
+            f"{md.path}: `rope.scaling.finetuned` is false (llama.cpp's Granite without rope); expected true"
+        )
+    return _granite_multipliers(md)
+
+
+def _granite_swa_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's GraniteSWA: Granite's blocks and multipliers (`_granite_multipliers`) with a learned sink logit
+    per head in every attention layer, sliding layers by the required per-layer flags
+    `attention.sliding_window_pattern` over the last `attention.sliding_window` keys, and rope on the layers
+    `attention.rope_pattern` marks (absent: every layer), all at the one base `rope.freq_base` (llama.cpp's graph
+    takes no per-layer base): upstream's `layer_rope_theta`, 0 on the others. Files with experts (GraniteMoeSWA)
+    and Granite Vision's deepstack inputs are refused: llama.cpp's stacked expert tensors are not read here."""
+    if md.get("expert_count", 0):
+        raise ValueError(f"{md.path}: a granite_swa file with experts (GraniteMoeSWA) is not supported; dense only")
+    if any(index >= 0 for index in md.get("deepstack_mapping", [])):
+        raise ValueError(f"{md.path}: a granite_swa file with deepstack_mapping (Granite Vision) is not supported")
+    layers = md["block_count"]
+    if not isinstance(md["attention.sliding_window_pattern"], list):
+        raise ValueError(f"{md.path}: granite_swa's attention.sliding_window_pattern must be one flag per layer")
+    config = _granite_multipliers(md)
+    roped = md.get("attention.rope_pattern", [True] * layers)
+    if len(roped) != layers:
+        raise ValueError(f"{md.path}: attention.rope_pattern has {len(roped)} entries, not {layers}")
+    base = config["rope_parameters"]["rope_theta"]
+    return {
+        **config,
+        "sliding_window": md["attention.sliding_window"],
+        "layer_types": _swa_layer_types(md, layers, 0),
+        "layer_rope_theta": [base if flag else 0.0 for flag in roped],
     }
 
 
@@ -425,6 +457,7 @@ GGUF_ARCHITECTURES = {
     "seed_oss": GGUFArchitecture("seed_oss", _seed_oss_config, lambda config: SEED_OSS_TENSORS),
     "olmo": GGUFArchitecture("olmo", _olmo_config, lambda config: OLMO_TENSORS),
     "granite": GGUFArchitecture("granite", _granite_config, lambda config: {**LLAMA_TENSORS, **ROPE_FACTORS}),
+    "granite_swa": GGUFArchitecture("granite_swa", _granite_swa_config, lambda config: GRANITE_SWA_TENSORS),
     "command-r": GGUFArchitecture("cohere", _command_r_config, lambda config: COMMAND_R_TENSORS),
     "cohere2": GGUFArchitecture("cohere2", _cohere2_config, lambda config: COHERE2_TENSORS),
     "nemotron": GGUFArchitecture("nemotron", _nemotron_config, lambda config: NEMOTRON_TENSORS),

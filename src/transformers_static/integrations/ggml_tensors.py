@@ -1,6 +1,6 @@
 """GGUF tensor names per llama.cpp architecture: `{gguf stem: our module}` with `blk.<stem>` for per-block tensors
 (`{}` the block index in ours), None for a tensor read into the config rather than loaded, and a module ending in
-"=" for a bare buffer (Gemma 4's `layer_scalar`)."""
+"=" for a bare tensor (Gemma 4's `layer_scalar`, GraniteSWA's `sinks`)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ GEMMA2_TENSORS = {
     ),
 }
 _QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+GRANITE_SWA_TENSORS = {**LLAMA_TENSORS, **_blocks("model.layers", {"attn_sinks": "self_attn.sinks="})}
 QWEN3_TENSORS = {**LLAMA_TENSORS, **_blocks("model.layers", _QK_NORMS)}
 GEMMA3_TENSORS = {**GEMMA2_TENSORS, **_blocks("model.layers", _QK_NORMS)}
 GPT2_TENSORS = {
