@@ -57,6 +57,13 @@ ARCHES = {
     "mpt": gguf.MODEL_ARCH.MPT,
     "mistral3": gguf.MODEL_ARCH.MISTRAL3,
     "granite_swa": gguf.MODEL_ARCH.GRANITE,  # the registry's gguf has no GRANITE_SWA; its names are Granite's + sinks
+    "hrm_text": gguf.MODEL_ARCH.LLAMA,  # nor HRM_TEXT: its blocks are named as Llama's, and the gate (below)
+}
+# Block tensors of architectures the registry's gguf lacks, beyond the stand-in name map above: `{(arch, suffix of
+# ours): gguf stem}` (GraniteSWA's sinks, to which GraniteSWAModel.filter_tensors adds `.weight`; HRM's gate).
+EXTRA_BLOCK_NAMES = {
+    ("granite_swa", ".self_attn.sinks"): "attn_sinks.weight",
+    ("hrm_text", ".self_attn.gate_proj.weight"): "attn_gate.weight",
 }
 # The float offsets of the fp16 scales in one block of the K-quant types the gguf package cannot quantize: random
 # blocks get finite, small scales there.
@@ -165,6 +172,30 @@ def _stack_per_head_norms(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return out
 
 
+def _hrm_stacks_to_blocks(tensors: dict[str, np.ndarray], config: Any) -> dict[str, np.ndarray]:
+    """`HrmTextModel.modify_tensors`: the L stack's layers are blocks `[0, layers_per_stack)`, the H stack's the next
+    ones, named as `model.layers.<block>` with `attn.` as `self_attn.`; the fused `gqkv_proj` split into gate, q, k
+    and v, `gate_up_proj` into gate and up."""
+    out = {}
+    for name, value in tensors.items():
+        stack, marker, rest = name.partition("_module.layers.")
+        if not marker:
+            out[name] = value
+            continue
+        layer, rest = rest.split(".", 1)
+        block = f"model.layers.{int(layer) + (config.num_layers_per_stack if stack == 'model.H' else 0)}"
+        rest = rest.replace("attn.", "self_attn.", 1) if rest.startswith("attn.") else rest
+        if rest == "self_attn.gqkv_proj.weight":
+            parts = dict(zip(("gate", "q", "k", "v"), np.split(value, 4), strict=True))
+            out.update({f"{block}.self_attn.{part}_proj.weight": rows for part, rows in parts.items()})
+        elif rest == "mlp.gate_up_proj.weight":
+            parts = dict(zip(("gate", "up"), np.split(value, 2), strict=True))
+            out.update({f"{block}.mlp.{part}_proj.weight": rows for part, rows in parts.items()})
+        else:
+            out[f"{block}.{rest}"] = value
+    return out
+
+
 def gguf_tensors(arch: str, checkpoint_dir: str, config: Any) -> dict[str, np.ndarray]:
     """`{gguf name: float32 array}` of a saved upstream checkpoint, named by the gguf package's name map."""
     name_map = gguf.get_tensor_name_map(ARCHES[arch], config.num_hidden_layers)
@@ -172,14 +203,18 @@ def gguf_tensors(arch: str, checkpoint_dir: str, config: Any) -> dict[str, np.nd
     tensors = checkpoint_tensors(checkpoint_dir)
     if arch == "stablelm":
         tensors = _stack_per_head_norms(tensors)
+    if arch == "hrm_text":
+        tensors = _hrm_stacks_to_blocks(tensors, config)
+        out["hrm.z_l_init"] = tensors.pop("model.z_L_init")
     for name, value in tensors.items():
         value = llama_cpp_tensor(arch, name, value, config)
         if value is None:
             continue
         hf_name = name.removeprefix("transformer.") if arch == "bloom" else name
         gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if arch == "granite_swa" and name.endswith(".self_attn.sinks"):  # GraniteSWAModel.filter_tensors adds .weight
-            gguf_name = f"blk.{name.split('.')[2]}.attn_sinks.weight"
+        for (extra_arch, suffix), stem in EXTRA_BLOCK_NAMES.items():
+            if arch == extra_arch and hf_name.endswith(suffix):
+                gguf_name = f"blk.{hf_name.split('.')[2]}.{stem}"
         assert gguf_name is not None, f"the gguf name map has no name for {name}"
         out[gguf_name] = value
     if arch in ("gpt2", "bloom") and "output.weight" not in out:  # llama.cpp writes the tied head out as a copy
@@ -231,13 +266,17 @@ def write_gguf(
     raw: dict[str, tuple[np.ndarray, Any]] | None = None,
 ) -> None:
     """Write a GGUF: `metadata` as `{writer method: value}` (`add_block_count`, ...) or, for keys the gguf package
-    has no method for, `{"{arch}.key": list}` (an array), 2D weights as `qtype` where their rows split into whole
+    has no method for, `{"{arch}.key": value}` (a list, bool or count), 2D weights as `qtype` where their rows split into whole
     blocks (as llama.cpp quantizes), 1D tensors float32; `raw` tensors as the given `(bytes, ggml type)` instead."""
     generator = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, arch)
     for method, value in {**metadata, **(tokenizer or {})}.items():
         if method.startswith("{arch}."):
-            writer.add_array(method.format(arch=arch), value)
+            key = method.format(arch=arch)
+            if isinstance(value, list):
+                writer.add_array(key, value)
+            else:  # llama.cpp's types for such keys: flags bool, counts uint32
+                (writer.add_bool if isinstance(value, bool) else writer.add_uint32)(key, value)
         else:
             getattr(writer, method)(value)
     block = gguf.GGML_QUANT_SIZES[qtype][0]

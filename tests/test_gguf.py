@@ -4,6 +4,7 @@ to the same weights loaded from safetensors; bad files are refused clearly; conv
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -330,6 +331,23 @@ def _granite_swa_metadata(c: Any) -> dict[str, Any]:
     return metadata
 
 
+def _hrm_text_metadata(c: Any) -> dict[str, Any]:
+    """llama.cpp's HRM-Text converter: Llama's keys with the cache-slot block count, the head dim, the embedding
+    scale and the loop."""
+    metadata = llama_metadata(argparse.Namespace(**{**c.to_dict(), "num_key_value_heads": c.num_attention_heads}))
+    return {
+        **metadata,
+        "add_key_length": c.head_dim,
+        "add_value_length": c.head_dim,
+        "add_rope_dimension_count": c.head_dim,
+        "add_embedding_scale": c.embedding_scale,
+        "{arch}.hrm.layers_per_stack": c.num_layers_per_stack,
+        "{arch}.hrm.h_cycles": c.H_cycles,
+        "{arch}.hrm.l_cycles": c.L_cycles,
+        "{arch}.hrm.prefix_lm": c.prefix_lm,
+    }
+
+
 def _command_r_metadata(c: Any) -> dict[str, Any]:
     """llama.cpp's Command-R converter: LayerNorm epsilon, the logit scale, rope scaling type none."""
     metadata = {**_layer_norm_metadata(c, c.intermediate_size, c.max_position_embeddings)}
@@ -380,6 +398,7 @@ def _nemotron_metadata(c: Any) -> dict[str, Any]:
 
 # name -> (GGUF architecture, upstream class, upstream config kwargs, metadata, whether upstream loads the GGUF)
 LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+MULTI_HEAD = {name: value for name, value in LLAMA.items() if name != "num_key_value_heads"}
 GRANITE_MULTIPLIERS = dict(embedding_multiplier=12.0, attention_multiplier=0.2, residual_multiplier=0.3)
 GRANITE_SWA = dict(LLAMA, **GRANITE_MULTIPLIERS, logits_scaling=8.0, num_hidden_layers=4, sliding_window=3)
 GEMMA3 = dict(LLAMA, num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, head_dim=256, sliding_window=4)
@@ -772,6 +791,14 @@ CASES: dict[str, tuple[str, type, dict[str, Any], Any, bool]] = {
         _granite_swa_metadata,
         False,
     ),
+    # two stacks of two layers, looped 2 x (2 + 1) times: 12 cache slots; head dim 32 (not 64 / 4), a scaled embedding
+    "hrm_text": (
+        "hrm_text",
+        transformers.HrmTextForCausalLM,
+        dict(MULTI_HEAD, head_dim=32, H_cycles=2, L_cycles=2),
+        _hrm_text_metadata,
+        False,
+    ),
     # interleaved rope, parallel blocks, logit scale 0.3, tied head; 64 layers: Command R+'s per-head q/k norms
     "command_r": (
         "command-r",
@@ -1155,6 +1182,8 @@ class GGUFErrorTest(TmpDirTestCase):
             ("ministral3", {"blk.0.ffn_gate_inp.weight": np.ones((4, 64), np.float32)}, {}, "no blk.0.ffn_gate_inp"),
             ("mpt", {}, {"add_head_count": 3}, "3 heads, not a power of two"),
             ("granite_swa", {}, {"add_expert_count": 4}, "with experts \\(GraniteMoeSWA\\) is not supported"),
+            ("hrm_text", {}, {"{arch}.hrm.l_cycles": 1}, "block_count \\(12\\) must be layers_per_stack x"),
+            ("hrm_text", {}, {"add_head_count_kv": 2}, "one key/value head per head"),
             ("granite_swa", {}, {"add_sliding_window_pattern": 4}, "must be one flag per layer"),
             ("granite_swa", {}, {"{arch}.deepstack_mapping": [-1, 1, -1, -1]}, "deepstack_mapping \\(Granite Vision"),
             ("granite_swa", {}, {"{arch}.attention.rope_pattern": [True, False]}, "rope_pattern has 2 entries, not 4"),

@@ -19,6 +19,7 @@ import torch
 
 from .integrations.ggml import GGUF_ARCHITECTURES, gguf_architecture
 from .integrations.ggml_metadata import GGUFMetadata
+from .integrations.ggml_tensors import TensorName
 
 GGUF_INSTALL_HINT = "pip install 'transformers-static[gguf]' (or pip install gguf)"
 
@@ -207,9 +208,11 @@ def _split_name(name: str) -> tuple[str, int | None, str]:
     return ".".join(parts[:-1]), None, parts[-1]
 
 
-def _our_name(module: str, block: int | None, suffix: str) -> str:
-    """`<module>.<suffix>`; a name ending in "=" is a bare tensor (Gemma 4's `layer_scalar`), taken as is."""
-    return module.format(block)[:-1] if module.endswith("=") else f"{module.format(block)}.{suffix}"
+def _our_name(module: str | Callable[[int | None], str], block: int | None, suffix: str) -> str:
+    """`<module>.<suffix>` (`module` formatted with the block index, or called with it); a name ending in "=" is a
+    bare tensor (Gemma 4's `layer_scalar`), taken as is."""
+    module = module(block) if callable(module) else module.format(block)
+    return module[:-1] if module.endswith("=") else f"{module}.{suffix}"
 
 
 def _join(state_dict: dict[str, torch.Tensor], joins: dict[str, tuple[str, ...]], path: str) -> None:
@@ -233,7 +236,7 @@ UNSUPPORTED_TENSORS = {
 }
 
 
-def _check_tensor_names(md: GGUFMetadata, names: dict[str, str | None]) -> None:
+def _check_tensor_names(md: GGUFMetadata, names: dict[str, TensorName]) -> None:
     unknown = sorted(name for name in md.tensor_shapes if _split_name(name)[0] not in names)
     if not unknown:
         return

@@ -71,6 +71,7 @@ from .ggml_tensors import (
     ROPE_FACTORS,
     SEED_OSS_TENSORS,
     STARCODER2_TENSORS,
+    TensorName,
     stablelm_tensors,
 )
 
@@ -349,6 +350,60 @@ def _granite_swa_config(md: GGUFMetadata) -> dict[str, Any]:
     }
 
 
+def _hrm_text_config(md: GGUFMetadata) -> dict[str, Any]:
+    """llama.cpp's HRM-Text: the low (L) and high (H) stacks of `hrm.layers_per_stack` layers each, looped
+    `hrm.h_cycles` x (`hrm.l_cycles` + 1) times; `block_count` counts those cache slots, as upstream's
+    `num_hidden_layers`. Multi-head attention (a file with fewer key/value heads is refused), rotate-half rope,
+    weight-free RMSNorms, embeddings scaled by `embedding_scale` (absent or 0: unscaled). `hrm.prefix_lm` is kept:
+    both llama.cpp and this model attend causally unless given a prefix block (`token_type_ids`, refused here)."""
+    stack, high, low = md["hrm.layers_per_stack"], md["hrm.h_cycles"], md["hrm.l_cycles"]
+    if md["block_count"] != stack * high * (low + 1):
+        raise ValueError(
+            f"{md.path}: block_count ({md['block_count']}) must be layers_per_stack x h_cycles x (l_cycles + 1) = "
+            f"{stack * high * (low + 1)}"
+        )
+    config = _rotary_decoder(md)
+    if config.pop("num_key_value_heads") != config["num_attention_heads"]:
+        raise ValueError(f"{md.path}: HRM-Text attends with one key/value head per head; the file has fewer")
+    return {
+        **config,
+        "num_layers_per_stack": stack,
+        "H_cycles": high,
+        "L_cycles": low,
+        "embedding_scale": md.get("embedding_scale", 0.0) or 1.0,
+        "prefix_lm": bool(md.get("hrm.prefix_lm", False)),
+    }
+
+
+def _hrm_text_tensors(config: dict[str, Any]) -> dict[str, TensorName]:
+    """The file's blocks `[0, layers_per_stack)` are the L stack's layers, the next ones the H stack's."""
+    stack = config["num_layers_per_stack"]
+
+    def block(ours: str) -> Callable[[int | None], str]:
+        def name(bid: int | None) -> str:
+            if bid is None or bid >= 2 * stack:
+                raise ValueError(f"HRM-Text GGUF block {bid} is past the two stacks' {2 * stack} blocks")
+            return f"model.{'LH'[bid >= stack]}_module.layers.{bid % stack}.{ours}"
+
+        return name
+
+    return {
+        "token_embd": "model.embed_tokens",
+        "output": "lm_head",
+        "hrm": "model.z_L_init=",  # `hrm.z_l_init`, a bare tensor
+        **{f"blk.{gguf}": block(f"attn.{gguf[5:]}_proj") for gguf in ("attn_gate", "attn_q", "attn_k", "attn_v")},
+        "blk.attn_output": block("attn.o_proj"),
+        **{f"blk.ffn_{part}": block(f"mlp.{part}_proj") for part in ("gate", "up", "down")},
+    }
+
+
+# HRM-Text's checkpoint layout (upstream's conversion): gate, q, k, v in one tensor, the MLP's gate and up in one.
+HRM_TEXT_JOINS = {
+    "attn.gqkv_proj": ("attn.gate_proj", "attn.q_proj", "attn.k_proj", "attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
 COMMAND_R_QK_NORM_LAYERS = 64
 
 
@@ -421,7 +476,7 @@ class GGUFArchitecture:
 
     model_type: str
     config: Callable[[GGUFMetadata], dict[str, Any]]
-    tensors: Callable[[dict[str, Any]], dict[str, str | None]]
+    tensors: Callable[[dict[str, Any]], dict[str, TensorName]]
     joins: dict[str, tuple[str, ...]] = field(default_factory=dict)
     variant: Callable[[GGUFMetadata], str] | None = None
     metadata_weights: Callable[[GGUFMetadata, dict[str, Any]], dict[str, torch.Tensor]] | None = None
@@ -477,6 +532,7 @@ GGUF_ARCHITECTURES = {
     "chatglm": GGUFArchitecture("glm", _glm_config, lambda config: GLM_TENSORS),
     "glm4": GGUFArchitecture("glm4", _glm4_config, lambda config: GLM4_TENSORS),
     "hunyuan-dense": GGUFArchitecture("hunyuan_v1_dense", _hunyuan_dense_config, lambda config: HUNYUAN_TENSORS),
+    "hrm_text": GGUFArchitecture("hrm_text", _hrm_text_config, _hrm_text_tensors, HRM_TEXT_JOINS),
 }
 
 

@@ -1,10 +1,14 @@
 """GGUF tensor names per llama.cpp architecture: `{gguf stem: our module}` with `blk.<stem>` for per-block tensors
 (`{}` the block index in ours), None for a tensor read into the config rather than loaded, and a module ending in
-"=" for a bare tensor (Gemma 4's `layer_scalar`, GraniteSWA's `sinks`)."""
+"=" for a bare tensor (Gemma 4's `layer_scalar`, GraniteSWA's `sinks`); where a block's module depends on its index
+(HRM-Text's two stacks), a function of the index instead."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+TensorName = str | Callable[[int | None], str] | None
 
 
 def _blocks(prefix: str, names: dict[str, str]) -> dict[str, str]:
