@@ -170,6 +170,28 @@ ARCHITECTURES = {
         transformers.Glm4ForCausalLM,
         transformers.Glm4Config(hidden_size=32, intermediate_size=64, head_dim=8, **LAYERS),
     ),
+    "glm4_moe_lite": (
+        transformers.Glm4MoeLiteForCausalLM,
+        # DeepSeek-V3's latent attention (kv_b_proj int8, dequantised where absorbed), a dense layer, then stacked
+        # experts quantized per expert; the router stays float (two groups: with one, int8's rounding flips a
+        # near-tied second expert at this seed, 0.14 of the largest logit)
+        transformers.Glm4MoeLiteConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+            num_key_value_heads=4,
+            **LAYERS,
+        ),
+    ),
     "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
     "gpt_bigcode": (
         transformers.GPTBigCodeForCausalLM,

@@ -42,6 +42,7 @@ CONFIG_MAPPING_NAMES = {
     "glm": "GlmConfig",
     "glm4": "Glm4Config",
     "glm4_moe": "Glm4MoeConfig",
+    "glm4_moe_lite": "Glm4MoeLiteConfig",
     "gpt2": "GPT2Config",
     "gpt_bigcode": "GPTBigCodeConfig",
     "gpt_neo": "GPTNeoConfig",

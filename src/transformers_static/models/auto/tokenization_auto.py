@@ -39,6 +39,7 @@ TOKENIZER_MAPPING_NAMES = {
     "glm": "TokenizersBackend",
     "glm4": "TokenizersBackend",
     "glm4_moe": "TokenizersBackend",
+    "glm4_moe_lite": "TokenizersBackend",
     "gpt2": "GPT2Tokenizer",
     "gpt_bigcode": "TokenizersBackend",
     "gpt_neo": "GPT2Tokenizer",
