@@ -407,6 +407,23 @@ ARCHITECTURES = {
             hidden_size=32, intermediate_size=64, num_key_value_heads=2, head_dim=8, use_bias=True, **LAYERS
         ),
     ),
+    "minicpm3": (
+        transformers.MiniCPM3ForCausalLM,
+        # latent attention (kv_b_proj int8, dequantised where its weight is absorbed) and MiniCPM's three scalings
+        transformers.MiniCPM3Config(
+            hidden_size=32,
+            intermediate_size=64,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+            scale_emb=2.0,
+            dim_model_base=16,
+            num_key_value_heads=4,
+            **LAYERS,
+        ),
+    ),
     "vaultgemma": (
         transformers.VaultGemmaForCausalLM,
         transformers.VaultGemmaConfig(final_logit_softcapping=3.0, sliding_window=4, **GEMMA),

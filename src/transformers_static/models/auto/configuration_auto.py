@@ -64,6 +64,7 @@ CONFIG_MAPPING_NAMES = {
     "iquestcoder": "IQuestCoderConfig",
     "jais2": "Jais2Config",
     "llama": "LlamaConfig",
+    "minicpm3": "MiniCPM3Config",
     "minimax_m2": "MiniMaxM2Config",
     "ministral": "MinistralConfig",
     "ministral3": "Ministral3Config",
