@@ -424,6 +424,21 @@ ARCHITECTURES = {
             **LAYERS,
         ),
     ),
+    "youtu": (
+        transformers.YoutuForCausalLM,
+        # latent attention (kv_b_proj int8, dequantised where its weight is absorbed), interleaved rope, dense MLPs
+        transformers.YoutuConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+            num_key_value_heads=4,
+            **LAYERS,
+        ),
+    ),
     "vaultgemma": (
         transformers.VaultGemmaForCausalLM,
         transformers.VaultGemmaConfig(final_logit_softcapping=3.0, sliding_window=4, **GEMMA),

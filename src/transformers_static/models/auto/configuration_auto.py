@@ -96,6 +96,7 @@ CONFIG_MAPPING_NAMES = {
     "starcoder2": "Starcoder2Config",
     "vaultgemma": "VaultGemmaConfig",
     "xglm": "XGLMConfig",
+    "youtu": "YoutuConfig",
 }
 
 

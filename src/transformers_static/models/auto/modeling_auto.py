@@ -96,6 +96,7 @@ MODEL_MAPPING_NAMES = {
     "starcoder2": "Starcoder2Model",
     "vaultgemma": "VaultGemmaModel",
     "xglm": "XGLMModel",
+    "youtu": "YoutuModel",
 }
 
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
@@ -185,6 +186,7 @@ MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "starcoder2": "Starcoder2ForCausalLM",
     "vaultgemma": "VaultGemmaForCausalLM",
     "xglm": "XGLMForCausalLM",
+    "youtu": "YoutuForCausalLM",
 }
 
 
