@@ -70,6 +70,27 @@ LAYERS = dict(num_hidden_layers=2, num_attention_heads=4)
 GEMMA = dict(hidden_size=32, intermediate_size=64, num_key_value_heads=1, head_dim=8, **LAYERS)
 # Every architecture's tiny upstream model (Falcon with its optional biases).
 ARCHITECTURES = {
+    "axk1": (
+        transformers.AXK1ForCausalLM,
+        # latent attention (kv_b_proj int8, dequantised where absorbed), a dense layer, then stacked experts
+        # quantized per expert and the MoE output norm; the router stays float
+        transformers.AXK1Config(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+            num_key_value_heads=4,
+            **LAYERS,
+        ),
+    ),
     "biogpt": (
         transformers.BioGptForCausalLM,
         transformers.BioGptConfig(hidden_size=32, intermediate_size=64, max_position_embeddings=64, **LAYERS),

@@ -12,6 +12,7 @@ from ...utils.hub import refuse_unsupported_hub_arguments
 CONFIG_MAPPING_NAMES = {
     "apertus": "ApertusConfig",
     "arcee": "ArceeConfig",
+    "axk1": "AXK1Config",
     "biogpt": "BioGptConfig",
     "bitnet": "BitNetConfig",
     "bloom": "BloomConfig",

@@ -12,6 +12,7 @@ from .configuration_auto import AutoConfig, model_class
 MODEL_MAPPING_NAMES = {
     "apertus": "ApertusModel",
     "arcee": "ArceeModel",
+    "axk1": "AXK1Model",
     "biogpt": "BioGptModel",
     "bitnet": "BitNetModel",
     "bloom": "BloomModel",
@@ -102,6 +103,7 @@ MODEL_MAPPING_NAMES = {
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
     "apertus": "ApertusForCausalLM",
     "arcee": "ArceeForCausalLM",
+    "axk1": "AXK1ForCausalLM",
     "biogpt": "BioGptForCausalLM",
     "bitnet": "BitNetForCausalLM",
     "bloom": "BloomForCausalLM",
