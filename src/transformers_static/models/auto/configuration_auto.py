@@ -64,6 +64,7 @@ CONFIG_MAPPING_NAMES = {
     "internlm3": "InternLM3Config",
     "iquestcoder": "IQuestCoderConfig",
     "jais2": "Jais2Config",
+    "jetmoe": "JetMoeConfig",
     "llama": "LlamaConfig",
     "minicpm3": "MiniCPM3Config",
     "minimax_m2": "MiniMaxM2Config",
