@@ -67,6 +67,7 @@ CONFIG_MAPPING_NAMES = {
     "jetmoe": "JetMoeConfig",
     "llama": "LlamaConfig",
     "minicpm3": "MiniCPM3Config",
+    "longcat_flash": "LongcatFlashConfig",
     "minimax_m2": "MiniMaxM2Config",
     "ministral": "MinistralConfig",
     "ministral3": "Ministral3Config",
