@@ -316,6 +316,17 @@ GLM4_MOE = dict(
     use_qk_norm=True,
     attention_bias=True,
 )
+# Solar Open: GLM-4.5's routing (the best of two groups) and two shared experts on every layer, Llama's attention
+SOLAR_OPEN = dict(
+    moe_intermediate_size=24,
+    n_routed_experts=8,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    n_shared_experts=2,
+    attention_bias=True,
+    head_dim=8,
+)
 # dots.llm1: the same sparse layers on Qwen3's attention (q/k norms, four biases), its second layer windowed
 DOTS1 = dict(
     intermediate_size=48,
@@ -384,6 +395,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "olmoe": transformers.OlmoeConfig(**shared, intermediate_size=48, num_experts=8, clip_qkv=2.0),
         "glm4_moe": transformers.Glm4MoeConfig(**shared, **GLM4_MOE),
         "dots1": transformers.Dots1Config(**shared, **DOTS1),
+        # Solar Open: GLM-4.5's grouped routing and shared experts on every layer, q/k/v biases, 8-dim heads
+        "solar_open": transformers.SolarOpenConfig(**shared, **SOLAR_OPEN),
         "ernie4_5_moe": transformers.Ernie4_5_MoeConfig(
             **shared,
             intermediate_size=48,
@@ -454,6 +467,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 INT8_MOE = ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
 INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2", "dbrx", "exaone_moe"]
 INT8_MOE += ["qwen3_5_moe_text", "qwen3_next"]
+INT8_MOE += ["solar_open"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -483,7 +497,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
     in_moe = re.compile(rf"\.{layer}\.(mlp|block_sparse_moe)\.")  # the router and the experts' module
     router = [p for n, p in model.named_parameters() if in_moe.search(n) and "expert" not in n and "shared" not in n]
     assert router and all(p.dtype == torch.float32 for p in router)
-    if name in ("glm4_moe", "dots1", "exaone_moe"):  # the shared experts quantized as linear layers, not the bias
+    if name in ("glm4_moe", "dots1", "exaone_moe", "solar_open"):  # shared experts int8 as linear, not the bias
         assert model.model.layers[1].mlp.shared_experts.up_proj.weight.dtype == torch.int8
         assert model.model.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32
     with torch.no_grad():
@@ -506,7 +520,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
             assert saved["model.layers.0.mlp.shared_expert.down_proj.weight"].dtype == torch.int8
-    elif name in ("glm4_moe", "dots1", "exaone_moe"):
+    elif name in ("glm4_moe", "dots1", "exaone_moe", "solar_open"):
         assert saved["model.layers.1.mlp.experts.3.gate_proj.weight"].dtype == torch.int8
         assert saved["model.layers.1.mlp.experts.3.down_proj.weight_scale"].shape == (32,)
         if name == "exaone_moe":  # saved beside the router, as upstream saves it
@@ -619,6 +633,7 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
     ),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(TP_SHARED, **GLM4_MOE), {"graphs": False}),
     "dots1": ("Dots1Config", "Dots1ForCausalLM", dict(TP_SHARED, **DOTS1), {"graphs": False}),
+    "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM", dict(TP_SHARED, **SOLAR_OPEN), {"graphs": False}),
     "ernie4_5_moe": (  # dense then sparse, shared experts, biases everywhere (the head's split by vocabulary)
         "Ernie4_5_MoeConfig",
         "Ernie4_5_MoeForCausalLM",

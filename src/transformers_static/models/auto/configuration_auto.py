@@ -95,6 +95,7 @@ CONFIG_MAPPING_NAMES = {
     "qwen3_next": "Qwen3NextConfig",
     "seed_oss": "SeedOssConfig",
     "smollm3": "SmolLM3Config",
+    "solar_open": "SolarOpenConfig",
     "stablelm": "StableLmConfig",
     "starcoder2": "Starcoder2Config",
     "vaultgemma": "VaultGemmaConfig",
