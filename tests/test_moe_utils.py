@@ -397,6 +397,15 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "dots1": transformers.Dots1Config(**shared, **DOTS1),
         # Solar Open: GLM-4.5's grouped routing and shared experts on every layer, q/k/v biases, 8-dim heads
         "solar_open": transformers.SolarOpenConfig(**shared, **SOLAR_OPEN),
+        # PhiMoE: the sparsemixer's two experts (a wide threshold), LayerNorms, biases on attention and the head
+        "phimoe": transformers.PhimoeConfig(
+            **shared,
+            intermediate_size=48,
+            num_local_experts=8,
+            router_jitter_noise=0.5,
+            attention_bias=True,
+            lm_head_bias=True,
+        ),
         "ernie4_5_moe": transformers.Ernie4_5_MoeConfig(
             **shared,
             intermediate_size=48,
@@ -467,7 +476,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 INT8_MOE = ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
 INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2", "dbrx", "exaone_moe"]
 INT8_MOE += ["qwen3_5_moe_text", "qwen3_next"]
-INT8_MOE += ["solar_open"]
+INT8_MOE += ["solar_open", "phimoe"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -505,7 +514,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
     assert (logits - expected).abs().max() < 0.05 * expected.abs().max()
     model.save_pretrained(tmp_path)
     saved = load_file(tmp_path / "model.safetensors")
-    if name in ("mixtral", "minimax_m2"):
+    if name in ("mixtral", "minimax_m2", "phimoe"):
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight"].dtype == torch.int8
         assert saved["model.layers.0.block_sparse_moe.experts.3.w1.weight_scale"].shape == (48,)
     elif name in ("qwen3_5_moe_text", "qwen3_next"):  # per-expert layout; shared expert and delta-net int8
@@ -634,6 +643,12 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(TP_SHARED, **GLM4_MOE), {"graphs": False}),
     "dots1": ("Dots1Config", "Dots1ForCausalLM", dict(TP_SHARED, **DOTS1), {"graphs": False}),
     "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM", dict(TP_SHARED, **SOLAR_OPEN), {"graphs": False}),
+    "phimoe": (  # Mixtral's plan; biases on the four attention projections and the head, LayerNorms replicated
+        "PhimoeConfig",
+        "PhimoeForCausalLM",
+        dict(TP_SHARED, intermediate_size=48, num_local_experts=8, attention_bias=True, lm_head_bias=True),
+        {"graphs": False},
+    ),
     "ernie4_5_moe": (  # dense then sparse, shared experts, biases everywhere (the head's split by vocabulary)
         "Ernie4_5_MoeConfig",
         "Ernie4_5_MoeForCausalLM",

@@ -86,6 +86,7 @@ CONFIG_MAPPING_NAMES = {
     "persimmon": "PersimmonConfig",
     "phi": "PhiConfig",
     "phi3": "Phi3Config",
+    "phimoe": "PhimoeConfig",
     "qwen2": "Qwen2Config",
     "qwen2_moe": "Qwen2MoeConfig",
     "qwen3": "Qwen3Config",

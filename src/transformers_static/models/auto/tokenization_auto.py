@@ -71,6 +71,7 @@ TOKENIZER_MAPPING_NAMES = {
     "persimmon": "TokenizersBackend",
     "phi": "GPT2Tokenizer",
     "phi3": "TokenizersBackend",
+    "phimoe": "TokenizersBackend",
     "qwen2": "Qwen2Tokenizer",
     "qwen2_moe": "Qwen2Tokenizer",
     "qwen3": "Qwen2Tokenizer",
@@ -94,6 +95,7 @@ MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS = {
     "modernbert-decoder",
     "nemotron",
     "phi3",
+    "phimoe",
     "qwen2",
     "qwen3_5_moe_text",
 }
