@@ -397,6 +397,17 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "dots1": transformers.Dots1Config(**shared, **DOTS1),
         # Solar Open: GLM-4.5's grouped routing and shared experts on every layer, q/k/v biases, 8-dim heads
         "solar_open": transformers.SolarOpenConfig(**shared, **SOLAR_OPEN),
+        # Cohere2-MoE: parallel attention and experts, two shared experts averaged in, a sliding then a global layer
+        "cohere2_moe": transformers.Cohere2MoeConfig(
+            **shared,
+            intermediate_size=48,
+            num_experts=8,
+            num_shared_experts=2,
+            sliding_window=3,
+            sliding_window_pattern=2,
+            head_dim=8,
+            pad_token_id=None,
+        ),
         # PhiMoE: the sparsemixer's two experts (a wide threshold), LayerNorms, biases on attention and the head
         "phimoe": transformers.PhimoeConfig(
             **shared,
@@ -476,7 +487,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 INT8_MOE = ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
 INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2", "dbrx", "exaone_moe"]
 INT8_MOE += ["qwen3_5_moe_text", "qwen3_next"]
-INT8_MOE += ["solar_open", "phimoe"]
+INT8_MOE += ["solar_open", "phimoe", "cohere2_moe"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -524,7 +535,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         qkv = "in_proj_qkv" if name == "qwen3_5_moe_text" else "in_proj_qkvz"
         assert saved[f"model.layers.0.linear_attn.{qkv}.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.gate.weight"].dtype == torch.float32
-    elif name in ("qwen2_moe", "olmoe", "flex_olmo"):  # upstream's per-expert layout
+    elif name in ("qwen2_moe", "olmoe", "flex_olmo", "cohere2_moe"):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
@@ -643,6 +654,21 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(TP_SHARED, **GLM4_MOE), {"graphs": False}),
     "dots1": ("Dots1Config", "Dots1ForCausalLM", dict(TP_SHARED, **DOTS1), {"graphs": False}),
     "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM", dict(TP_SHARED, **SOLAR_OPEN), {"graphs": False}),
+    "cohere2_moe": (  # parallel attention and experts, shared experts split as an MLP, sliding and global layers
+        "Cohere2MoeConfig",
+        "Cohere2MoeForCausalLM",
+        dict(
+            TP_SHARED,
+            intermediate_size=24,
+            num_experts=8,
+            num_shared_experts=2,
+            sliding_window=3,
+            sliding_window_pattern=2,
+            head_dim=8,
+            pad_token_id=None,
+        ),
+        {"graphs": False},
+    ),
     "phimoe": (  # Mixtral's plan; biases on the four attention projections and the head, LayerNorms replicated
         "PhimoeConfig",
         "PhimoeForCausalLM",

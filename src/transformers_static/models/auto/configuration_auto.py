@@ -19,6 +19,7 @@ CONFIG_MAPPING_NAMES = {
     "codegen": "CodeGenConfig",
     "cohere": "CohereConfig",
     "cohere2": "Cohere2Config",
+    "cohere2_moe": "Cohere2MoeConfig",
     "cohere_compass_text": "CohereCompassTextConfig",
     "ctrl": "CTRLConfig",
     "cwm": "CwmConfig",
