@@ -371,6 +371,21 @@ QWEN3_5_MOE = dict(
     num_experts_per_tok=2,  # int8 at 0.042 of the largest logit here; top-1 flips near-tied tokens' only expert
 )
 
+# AFMoE: a sliding layer (rotary) then a full one (no positions), gated attention, sigmoid routing with an expert
+# bias, two shared experts' width, muP embedding scaling
+AFMOE = dict(
+    head_dim=8,
+    intermediate_size=48,
+    moe_intermediate_size=24,
+    num_experts=8,
+    num_experts_per_tok=2,
+    num_shared_experts=2,
+    route_scale=2.0,
+    global_attn_every_n_layers=2,
+    sliding_window=3,
+    mup_enabled=True,
+)
+
 # Qwen3-Next: the same with fused delta-net projections, its attention layer dense (intermediate_size)
 QWEN3_NEXT = dict(QWEN3_5_MOE, intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=False)
 
@@ -472,6 +487,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # every layer sparse and renormalised here: int8 at 0.024 of the largest logit (not renormalised, its rounding
     # flips a near-tied second expert, 0.14)
     configs["qwen3_next"] = transformers.Qwen3NextConfig(**shared, **QWEN3_5_MOE, intermediate_size=32)
+    # AFMoE: sliding then full layer, both sparse (router, expert bias and shared experts beside the experts)
+    configs["afmoe"] = transformers.AfmoeConfig(
+        **shared, **dict(AFMOE, num_dense_layers=0, moe_intermediate_size=48), pad_token_id=None
+    )
     paths = {}
     for name, config in configs.items():
         torch.manual_seed(0)
@@ -488,6 +507,7 @@ INT8_MOE = ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "er
 INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2", "dbrx", "exaone_moe"]
 INT8_MOE += ["qwen3_5_moe_text", "qwen3_next"]
 INT8_MOE += ["solar_open", "phimoe", "cohere2_moe"]
+INT8_MOE += ["afmoe"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -536,6 +556,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved[f"model.layers.0.linear_attn.{qkv}.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.gate.weight"].dtype == torch.float32
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "cohere2_moe"):  # upstream's per-expert layout
+    elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe"):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
@@ -741,6 +762,8 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
         dict(TP_SHARED, **{**QWEN3_NEXT, "moe_intermediate_size": 64}),
         {"graphs": False},
     ),
+    # the output gate split with the query heads, a dense first layer, the shared experts as a dense MLP
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", dict(TP_SHARED, **AFMOE), {"graphs": False}),
 }
 
 

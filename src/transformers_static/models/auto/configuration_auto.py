@@ -10,6 +10,7 @@ from ...configuration_utils import PretrainedConfig, load_config_dict
 from ...utils.hub import refuse_unsupported_hub_arguments
 
 CONFIG_MAPPING_NAMES = {
+    "afmoe": "AfmoeConfig",
     "apertus": "ApertusConfig",
     "arcee": "ArceeConfig",
     "axk1": "AXK1Config",

@@ -10,6 +10,7 @@ from ...modeling_utils import PreTrainedModel
 from .configuration_auto import AutoConfig, model_class
 
 MODEL_MAPPING_NAMES = {
+    "afmoe": "AfmoeModel",
     "apertus": "ApertusModel",
     "arcee": "ArceeModel",
     "axk1": "AXK1Model",
@@ -106,6 +107,7 @@ MODEL_MAPPING_NAMES = {
 }
 
 MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = {
+    "afmoe": "AfmoeForCausalLM",
     "apertus": "ApertusForCausalLM",
     "arcee": "ArceeForCausalLM",
     "axk1": "AXK1ForCausalLM",
