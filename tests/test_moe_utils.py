@@ -491,6 +491,20 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     configs["afmoe"] = transformers.AfmoeConfig(
         **shared, **dict(AFMOE, num_dense_layers=0, moe_intermediate_size=48), pad_token_id=None
     )
+    # Laguna: a sliding layer then a full one (half of each head rotated), both sparse, capped sigmoid routing
+    configs["laguna"] = transformers.LagunaConfig(
+        **shared,
+        head_dim=8,
+        intermediate_size=48,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=3,
+        mlp_layer_types=["sparse", "sparse"],
+        moe_router_logit_softcapping=2.0,
+    )
     paths = {}
     for name, config in configs.items():
         torch.manual_seed(0)
@@ -508,6 +522,7 @@ INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "m
 INT8_MOE += ["qwen3_5_moe_text", "qwen3_next"]
 INT8_MOE += ["solar_open", "phimoe", "cohere2_moe"]
 INT8_MOE += ["afmoe"]
+INT8_MOE += ["afmoe", "laguna"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -557,6 +572,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         assert saved["model.layers.0.mlp.gate.weight"].dtype == torch.float32
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "cohere2_moe"):  # upstream's per-expert layout
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe"):  # upstream's per-expert layout
+    elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe", "laguna"):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own

@@ -67,6 +67,7 @@ CONFIG_MAPPING_NAMES = {
     "iquestcoder": "IQuestCoderConfig",
     "jais2": "Jais2Config",
     "jetmoe": "JetMoeConfig",
+    "laguna": "LagunaConfig",
     "llama": "LlamaConfig",
     "minicpm3": "MiniCPM3Config",
     "longcat_flash": "LongcatFlashConfig",
