@@ -386,6 +386,21 @@ AFMOE = dict(
     mup_enabled=True,
 )
 
+# Mellum: Qwen3-MoE's attention and experts, a sliding layer then a full one with their own rotary bases
+MELLUM = dict(
+    head_dim=8,
+    intermediate_size=48,
+    moe_intermediate_size=24,
+    num_experts=8,
+    num_experts_per_tok=2,
+    layer_types=["sliding_attention", "full_attention"],
+    sliding_window=3,
+    rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 5000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    },
+)
+
 # Qwen3-Next: the same with fused delta-net projections, its attention layer dense (intermediate_size)
 QWEN3_NEXT = dict(QWEN3_5_MOE, intermediate_size=32, mlp_only_layers=[1], norm_topk_prob=False)
 
@@ -505,6 +520,11 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         mlp_layer_types=["sparse", "sparse"],
         moe_router_logit_softcapping=2.0,
     )
+    # Mellum: a sliding layer then a full one, each kind its rotary base, both sparse; top-1: with top-2, int8's
+    # rounding flips a near-tied second expert at this seed (0.13 of the largest logit)
+    configs["mellum"] = transformers.MellumConfig(
+        **shared, **dict(MELLUM, moe_intermediate_size=48, num_experts_per_tok=1)
+    )
     paths = {}
     for name, config in configs.items():
         torch.manual_seed(0)
@@ -523,6 +543,7 @@ INT8_MOE += ["qwen3_5_moe_text", "qwen3_next"]
 INT8_MOE += ["solar_open", "phimoe", "cohere2_moe"]
 INT8_MOE += ["afmoe"]
 INT8_MOE += ["afmoe", "laguna"]
+INT8_MOE += ["afmoe", "laguna", "mellum"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -573,6 +594,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "cohere2_moe"):  # upstream's per-expert layout
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe"):  # upstream's per-expert layout
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe", "laguna"):  # upstream's per-expert layout
+    elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe", "laguna", "mellum"):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
@@ -780,6 +802,13 @@ TP_CHECKPOINTS = {  # name: (upstream config class, model class, config kwargs, 
     ),
     # the output gate split with the query heads, a dense first layer, the shared experts as a dense MLP
     "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", dict(TP_SHARED, **AFMOE), {"graphs": False}),
+    # Qwen3-MoE's plan, a dense layer beside a sparse one, sliding and full layers with their own rotary bases
+    "mellum": (
+        "MellumConfig",
+        "MellumForCausalLM",
+        dict(TP_SHARED, **MELLUM, mlp_layer_types=["dense", "sparse"]),
+        {"graphs": False},
+    ),
 }
 
 

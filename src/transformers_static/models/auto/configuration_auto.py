@@ -71,6 +71,7 @@ CONFIG_MAPPING_NAMES = {
     "llama": "LlamaConfig",
     "minicpm3": "MiniCPM3Config",
     "longcat_flash": "LongcatFlashConfig",
+    "mellum": "MellumConfig",
     "minimax_m2": "MiniMaxM2Config",
     "ministral": "MinistralConfig",
     "ministral3": "Ministral3Config",
