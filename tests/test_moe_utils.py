@@ -525,6 +525,19 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     configs["mellum"] = transformers.MellumConfig(
         **shared, **dict(MELLUM, moe_intermediate_size=48, num_experts_per_tok=1)
     )
+    # Flint: a full layer (no positions) then a sliding one, sinks, both sparse with a shared expert
+    configs["flint"] = transformers.FlintConfig(
+        **shared,
+        head_dim=8,
+        intermediate_size=48,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        layer_types=["full_attention", "sliding_attention"],
+        sliding_window=3,
+        mlp_only_layers=[],
+    )
     paths = {}
     for name, config in configs.items():
         torch.manual_seed(0)
@@ -544,6 +557,7 @@ INT8_MOE += ["solar_open", "phimoe", "cohere2_moe"]
 INT8_MOE += ["afmoe"]
 INT8_MOE += ["afmoe", "laguna"]
 INT8_MOE += ["afmoe", "laguna", "mellum"]
+INT8_MOE += ["afmoe", "laguna", "mellum", "flint"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -595,6 +609,15 @@ def test_int8_quantizes_every_expert_per_output_channel(
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe"):  # upstream's per-expert layout
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe", "laguna"):  # upstream's per-expert layout
     elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe", "laguna", "mellum"):  # upstream's per-expert layout
+    elif name in (
+        "qwen2_moe",
+        "olmoe",
+        "flex_olmo",
+        "afmoe",
+        "laguna",
+        "mellum",
+        "flint",
+    ):  # upstream's per-expert layout
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own

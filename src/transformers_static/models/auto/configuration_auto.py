@@ -36,6 +36,7 @@ CONFIG_MAPPING_NAMES = {
     "exaone_moe": "ExaoneMoeConfig",
     "falcon": "FalconConfig",
     "flex_olmo": "FlexOlmoConfig",
+    "flint": "FlintConfig",
     "gemma": "GemmaConfig",
     "gemma2": "Gemma2Config",
     "gemma3_text": "Gemma3TextConfig",
