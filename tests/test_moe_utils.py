@@ -550,14 +550,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
+# Saved in upstream's per-expert layout (`mlp.experts.<i>.up_proj`), router and shared expert apart.
+PER_EXPERT_LAYOUT = ("qwen2_moe", "olmoe", "flex_olmo", "cohere2_moe", "afmoe", "laguna", "mellum", "flint")
 INT8_MOE = ["mixtral", "gpt_oss", "qwen2_moe", "olmoe", "glm4_moe", "dots1", "ernie4_5_moe", "hunyuan_v1_moe"]
 INT8_MOE += ["granitemoe", "granitemoeshared", "granitemoe_swa", "flex_olmo", "minimax_m2", "dbrx", "exaone_moe"]
 INT8_MOE += ["qwen3_5_moe_text", "qwen3_next"]
-INT8_MOE += ["solar_open", "phimoe", "cohere2_moe"]
-INT8_MOE += ["afmoe"]
-INT8_MOE += ["afmoe", "laguna"]
-INT8_MOE += ["afmoe", "laguna", "mellum"]
-INT8_MOE += ["afmoe", "laguna", "mellum", "flint"]
+INT8_MOE += ["solar_open", "phimoe", "cohere2_moe", "afmoe", "laguna", "mellum", "flint"]
 
 
 @pytest.mark.parametrize("name", INT8_MOE)
@@ -605,19 +603,7 @@ def test_int8_quantizes_every_expert_per_output_channel(
         qkv = "in_proj_qkv" if name == "qwen3_5_moe_text" else "in_proj_qkvz"
         assert saved[f"model.layers.0.linear_attn.{qkv}.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.gate.weight"].dtype == torch.float32
-    elif name in ("qwen2_moe", "olmoe", "flex_olmo", "cohere2_moe"):  # upstream's per-expert layout
-    elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe"):  # upstream's per-expert layout
-    elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe", "laguna"):  # upstream's per-expert layout
-    elif name in ("qwen2_moe", "olmoe", "flex_olmo", "afmoe", "laguna", "mellum"):  # upstream's per-expert layout
-    elif name in (
-        "qwen2_moe",
-        "olmoe",
-        "flex_olmo",
-        "afmoe",
-        "laguna",
-        "mellum",
-        "flint",
-    ):  # upstream's per-expert layout
+    elif name in PER_EXPERT_LAYOUT:
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight"].dtype == torch.int8
         assert saved["model.layers.0.mlp.experts.3.up_proj.weight_scale"].shape == (48,)
         if name == "qwen2_moe":  # the shared expert an Int8Linear of its own
