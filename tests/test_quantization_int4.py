@@ -227,6 +227,42 @@ def test_group_size_decides_which_layers_fit(checkpoint: Path, caplog: pytest.Lo
         quantize_model(AutoModelForCausalLM.from_pretrained(checkpoint), "int8", group_size=32)
 
 
+def test_latent_attention_keeps_kv_b_proj_float(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Latent attention reads `kv_b_proj`'s weight itself (absorbed into the query and output products), which
+    int4's packed nibbles do not allow: it stays in the model dtype, named, whatever its shape (here one the kernel
+    takes), while the query projections beside it become int4; the model runs close to the float one and reloads
+    exactly."""
+    config = transformers.MiniCPM3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,  # kv_b_proj [4 x (8 + 8), 32]: a shape int4 takes
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=8,
+    )
+    path = save_tiny(transformers.MiniCPM3ForCausalLM, config, tmp_path / "float")
+    with caplog.at_level(logging.WARNING):
+        model = AutoModelForCausalLM.from_pretrained(path, quantization="int4")
+    attention = model.model.layers[0].self_attn
+    assert "model.layers.0.self_attn.kv_b_proj" in caplog.text and "a weight their parent reads itself" in caplog.text
+    assert type(attention.kv_b_proj) is not Int4Linear and attention.kv_b_proj.weight.dtype == torch.float32
+    assert type(attention.q_b_proj) is Int4Linear
+    float_model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        logits, expected = model(ids()).logits, float_model(ids()).logits
+    assert (logits - expected).pow(2).mean().sqrt() < 0.4 * expected.pow(2).mean().sqrt()
+    model.save_pretrained(tmp_path / "int4")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "int4")
+    assert type(reloaded.model.layers[0].self_attn.kv_b_proj) is type(attention.kv_b_proj)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids()).logits, logits, rtol=0, atol=0)
+
+
 def test_gpt2_conv1d_is_transposed_and_quantized(tmp_path: Path) -> None:
     config = transformers.GPT2Config(
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=1

@@ -127,7 +127,8 @@ def quantize_model(
 
     `empty`: make the layers' structure only (zeros), for a quantized checkpoint to be loaded into (int4: with the
     group size of the config's marker). `group_size`: int4's (default 32). Layers that stay in the model dtype
-    (Gemma2's soft-capped head; for int4, shapes its kernel cannot take) are named in a warning; a linear layer of any
+    (Gemma2's soft-capped head; for int4, shapes its kernel cannot take and the layers a parent's
+    `int4_keeps_float` names) are named in a warning; a linear layer of any
     other type, or int4 of stacked experts, is a ValueError raised before the model changes."""
     check_method(method)
     if method == "int4":
@@ -138,10 +139,19 @@ def quantize_model(
         raise ValueError(f"group_size is an int4 setting; {method} quantizes per output channel")
     _check_quantizable(model, method)
     replaced, kept = [], []
+    # linear layers whose weight their parent reads itself (latent attention absorbs `kv_b_proj`): int4's packed
+    # nibbles cannot be read so, int8's rows can
+    read_by_parent = {
+        f"{name}.{child}"
+        for name, module in model.named_modules()
+        for child in getattr(type(module), "int4_keeps_float", ())
+        if method == "int4"
+    }
     for name, module in list(model.named_modules()):
         layout = int8_layout(module)
-        if layout == "keep":
+        if layout == "keep" or name in read_by_parent:
             kept.append(name)
+            continue
         if layout == "experts":
             quantize_experts(module, empty=empty)
         if layout not in ("out_in", "in_out"):
@@ -155,7 +165,10 @@ def quantize_model(
     if kept:
         reason = "a forward of their own around the product"
         if method == "int4":
-            reason += f", or a shape the int4 kernel cannot take (out % 16, in % group_size {group_size})"
+            reason += (
+                f", a weight their parent reads itself, or a shape the int4 kernel cannot take (out % 16, in % "
+                f"group_size {group_size})"
+            )
         logger.warning("%s: %s stay in the model dtype (%s)", method, sorted(kept), reason)
     config = model.config
     if any(f"{name}.weight" in model._tied_weights_keys for name in replaced):

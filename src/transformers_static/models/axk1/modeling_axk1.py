@@ -183,6 +183,8 @@ class AXK1Attention(nn.Module):
     """Multi-head latent attention with `kv_b_proj` absorbed (see the module docstring); `q_lora_rank` None: the
     queries from `q_proj`, else from `q_b_proj(q_a_layernorm(q_a_proj(x)))`."""
 
+    int4_keeps_float = ("kv_b_proj",)  # its weight is absorbed (absorbed_weights), not multiplied by its forward
+
     def __init__(self, config: AXK1Config, layer_idx: int) -> None:
         super().__init__()
         self.config = config
