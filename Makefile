@@ -24,8 +24,11 @@ demo:
 
 DEMO_PROMPT := In three sentences, why does a compiled language model want inputs of one shape at every step?
 
+# The model matrix (and generation) first, then the rest, as a serial run orders them: a model's half-precision
+# tests failed in CI when run after some of tests/test_*.py on the same worker (a leaked state not yet found).
 test:
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests/generation tests/models
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests --ignore=tests/generation --ignore=tests/models
 
 # Each curated single-bug mutant of src/ must fail the tests selected for it (utils/mutation.py).
 mutation:

@@ -353,15 +353,16 @@ class Engine:
         _emit(slot.request, Event(text, [token]))
 
     def _finish(self, row: int, reason: str, token_ids: list[int] | None = None, text: str = "") -> None:
-        """The request's last event, and its slot free at once (an idle row writes the spare slot)."""
+        """The request's slot free at once (an idle row writes the spare slot) and counted, then its last event: a
+        client holding its answer sees the metrics with its request done."""
         slot = self.slots[row]
-        prompt = len(slot.request.prompt_ids)
-        _emit(slot.request, Event(text, token_ids or [], reason, prompt, slot.generated))
-        self.metrics.finished(reason)
         self.slots[row] = None
         self.next_token[row], self.cache_slot[row], self.position[row] = 0, self.scratch, 0
         self.padding[row] = True  # an idle row attends its own stale keys: finite, ignored
         self.padding[row, self.scratch] = False
+        self.metrics.finished(reason)
+        self.metrics.busy_slots = self.busy
+        _emit(slot.request, Event(text, token_ids or [], reason, len(slot.request.prompt_ids), slot.generated))
 
 
 def _emit(request: Request, event: Event) -> None:
